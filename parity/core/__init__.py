@@ -1,0 +1,1 @@
+"""The backend-agnostic core: graph IR, builder, plugins, scheduler, executor, config, compare."""
