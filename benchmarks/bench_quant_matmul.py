@@ -1,0 +1,127 @@
+"""Time the numpy oracle's MATMUL on the real models' weight shapes and quant types.
+
+    python benchmarks/bench_quant_matmul.py [--tokens 1 64] [--repeats 5] [--json]
+
+Weights are random payloads in the real layouts (``parity.quant.synthetic``); speed does not
+depend on the values. GB/s counts the packed (GGUF) weight bytes read per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import numpy as np
+
+from parity.quant import matmul, prepare_weight
+from parity.quant.synthetic import random_weight
+
+# (name, quant type, N, K, how many per model forward)
+SMOLLM2 = (
+    30,
+    [  # SmolLM2-135M Q4_1: 30 layers, output tied to the Q8_0 token embedding
+        ("q", "Q4_1", 576, 576, 30),
+        ("k", "Q4_1", 192, 576, 30),
+        ("v", "Q4_1", 192, 576, 30),
+        ("o", "Q4_1", 576, 576, 30),
+        ("gate", "Q4_1", 1536, 576, 30),
+        ("up", "Q4_1", 1536, 576, 30),
+        ("down", "Q4_1", 576, 1536, 30),
+        ("output", "Q8_0", 49152, 576, 1),
+    ],
+)
+QWEN25 = (
+    24,
+    [  # Qwen2.5-0.5B Q4_K_M: K = 896 is no multiple of 256, so Q4_K -> Q5_0, Q6_K -> Q8_0
+        ("q", "Q5_0", 896, 896, 24),
+        ("k", "Q5_0", 128, 896, 24),
+        ("v", "Q8_0", 128, 896, 12),  # the Q6_K ("more bits") half of the layers
+        ("v", "Q5_0", 128, 896, 12),
+        ("o", "Q5_0", 896, 896, 24),
+        ("gate", "Q5_0", 4864, 896, 24),
+        ("up", "Q5_0", 4864, 896, 24),
+        ("down", "Q6_K", 896, 4864, 12),
+        ("down", "Q4_K", 896, 4864, 12),
+        ("output", "Q8_0", 151936, 896, 1),
+    ],
+)
+MODELS = {"smollm2-135m": SMOLLM2, "qwen2.5-0.5b": QWEN25}
+
+
+def time_call(fn, repeats: int, warmup: int) -> float:
+    """Median seconds of ``repeats`` calls after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 64], help="T values")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--model", choices=sorted(MODELS), action="append", help="default: all")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args()
+
+    rng = np.random.default_rng(0)
+    rows = []
+    totals: dict[str, dict[int, float]] = {}
+    for model in args.model or list(MODELS):
+        _, shapes = MODELS[model]
+        for name, qtype, n, k, count in shapes:
+            raw = random_weight(qtype, (n, k), rng)
+            weight = prepare_weight(qtype, raw, (n, k))
+            for t in args.tokens:
+                x = rng.standard_normal((t, k)).astype(np.float32)
+                sec = time_call(lambda x=x, w=weight: matmul(x, w), args.repeats, args.warmup)
+                rows.append(
+                    {"model": model, "weight": name, "type": qtype, "N": n, "K": k, "T": t,
+                     "count": count, "ms": sec * 1e3, "gbps": raw.nbytes / sec / 1e9}
+                )  # fmt: skip
+                per_model = totals.setdefault(model, {})
+                per_model[t] = per_model.get(t, 0.0) + count * sec * 1e3
+            del weight
+
+    machine = {
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "blas": _blas_name(),
+    }
+    if args.json:
+        print(json.dumps({"machine": machine, "rows": rows, "total_ms": totals}, indent=2))
+        return
+    print(" ".join(f"{k}={v}" for k, v in machine.items()))
+    print(f"{'model':<14}{'weight':<8}{'type':<6}{'N x K':>14}{'T':>5}{'ms':>10}{'GB/s':>8}")
+    for r in rows:
+        shape = f"{r['N']}x{r['K']}"
+        print(
+            f"{r['model']:<14}{r['weight']:<8}{r['type']:<6}{shape:>14}{r['T']:>5}"
+            f"{r['ms']:>10.3f}{r['gbps']:>8.2f}"
+        )
+    for model, per_t in totals.items():
+        for t, ms in per_t.items():
+            print(
+                f"{model}: all matmuls of one forward at T={t}: {ms:.1f} ms ({ms / t:.2f} ms/token)"
+            )
+
+
+def _blas_name() -> str:
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{blas['name']} {blas['version']}"
+    except Exception:  # show_config's layout differs across numpy versions
+        return "unknown"
+
+
+if __name__ == "__main__":
+    main()
