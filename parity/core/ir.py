@@ -1,0 +1,304 @@
+"""The graph IR: an immutable, single-assignment listing of nodes.
+
+Grammar::
+
+    graph  := node* outputs
+    node   := %id = OP dtype[shape] (%src, ...) {arg}
+    src    := the id of an EARLIER node (ids are positions in ``Graph.nodes``)
+
+Every node is a frozen, hashable ``Node(op, dtype, shape, src, arg)``: ``src`` is a tuple of node
+ids, ``arg`` the op's static arguments (a scalar, a string or a frozen ``*Arg`` below). Leaves
+(INPUT, WEIGHT, STATE) name the value they stand for and come first, at the head of the graph:
+nothing is fed into the middle of a graph, so a whole forward pass can run as one split.
+Activations are 2-D ``(n_tokens, width)`` float32; ids and positions are 1-D int32.
+
+``infer`` states each op's signature once; the builder uses it to type new nodes and ``verify``
+uses it to re-check a whole graph. What each op computes, bit for bit, is docs/numerics.md and
+its living definition ``parity.backends.cpu.ops``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+
+from parity.core.dtypes import WEIGHT_TYPES, DType
+from parity.errors import GraphError
+
+
+class Op(enum.Enum):
+    # leaves, at the graph head: values bound from outside the graph
+    INPUT = enum.auto()  # a per-step host value (token ids, positions); arg: its name
+    WEIGHT = enum.auto()  # a registered, read-only weight; arg: its name
+    STATE = enum.auto()  # a persistent buffer the graph updates (a KV cache); arg: its name
+    # data movement
+    GET_ROWS = enum.auto()  # gather (and dequantize) weight rows by id: the embedding lookup
+    SLICE_ROWS = enum.auto()  # rows [start, start + count); arg: SliceArg
+    # elementwise (the second operand may be a row vector broadcast over rows)
+    ADD = enum.auto()
+    MUL = enum.auto()
+    SILU = enum.auto()
+    SWIGLU = enum.auto()  # silu(gate) * up
+    # normalization
+    RMS_NORM = enum.auto()  # arg: eps
+    # matrix products: (x, weight[, bias]) -> x @ weight.T (+ bias)
+    MATMUL = enum.auto()
+    # positions
+    ROPE = enum.auto()  # (x, positions, cos, sin); arg: RopeArg
+    # attention: KV_WRITE updates a cache in place; ATTENTION reads the updated caches
+    KV_WRITE = enum.auto()  # (cache, rows, positions) -> the cache, rows written
+    ATTENTION = enum.auto()  # (q, k_cache, v_cache, positions); arg: AttentionArg
+    # reductions
+    ARGMAX = enum.auto()  # per row, first index of the maximum
+
+    @property
+    def is_leaf(self) -> bool:
+        return self in LEAVES
+
+
+LEAVES = frozenset({Op.INPUT, Op.WEIGHT, Op.STATE})
+
+
+@attrs.frozen
+class SliceArg:
+    start: int
+    count: int
+
+
+@attrs.frozen
+class RopeArg:
+    n_head: int
+    head_dim: int
+    n_rot: int  # dims rotated per head; the rest pass through
+    mode: str  # "normal": pairs (2i, 2i+1); "neox": pairs (i, i + n_rot/2)
+
+
+@attrs.frozen
+class AttentionArg:
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    scale: float  # exactly representable in float32
+
+
+@attrs.frozen(cache_hash=True)
+class Node:
+    op: Op
+    dtype: DType
+    shape: tuple[int, ...]
+    src: tuple[int, ...] = ()
+    arg: Any = None
+
+    @property
+    def name(self) -> str | None:
+        """The bound name of a leaf (None for computed nodes)."""
+        return self.arg if self.op.is_leaf else None
+
+
+@attrs.frozen(cache_hash=True)
+class Graph:
+    """Nodes in topological order (a node's id is its index) and the ids of its outputs."""
+
+    nodes: tuple[Node, ...]
+    outputs: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    def leaves(self, op: Op) -> dict[str, int]:
+        """Name -> node id of the leaves of one kind (INPUT, WEIGHT or STATE)."""
+        return {n.arg: i for i, n in enumerate(self.nodes) if n.op is op}
+
+    def consumers(self) -> list[list[int]]:
+        """For every node id, the ids of the nodes that read it."""
+        users: list[list[int]] = [[] for _ in self.nodes]
+        for i, node in enumerate(self.nodes):
+            for s in node.src:
+                users[s].append(i)
+        return users
+
+
+def _need(ok: bool, op: Op, what: str) -> None:
+    if not ok:
+        raise GraphError(f"{op.name}: {what}")
+
+
+def _rows(op: Op, n: Node, what: str) -> None:
+    _need(n.dtype is DType.F32 and len(n.shape) == 2, op, f"{what} must be f32 (rows, width)")
+
+
+def _positions(op: Op, n: Node, rows: int) -> None:
+    _need(n.dtype is DType.I32 and n.shape == (rows,), op, f"positions must be i32[{rows}]")
+
+
+# sources each op takes (MATMUL: 2 or 3, with a bias)
+ARITY = {
+    Op.GET_ROWS: 2,
+    Op.SLICE_ROWS: 1,
+    Op.ADD: 2,
+    Op.MUL: 2,
+    Op.SILU: 1,
+    Op.SWIGLU: 2,
+    Op.RMS_NORM: 1,
+    Op.ROPE: 4,
+    Op.KV_WRITE: 3,
+    Op.ATTENTION: 4,
+    Op.ARGMAX: 1,
+}
+
+
+def infer(op: Op, srcs: Sequence[Node], arg: Any) -> tuple[DType, tuple[int, ...]]:
+    """The (dtype, shape) of ``op`` applied to ``srcs``; GraphError if the signature is wrong."""
+    _need(not op.is_leaf, op, "leaves have no sources; use the builder's leaf methods")
+    if op is Op.MATMUL:
+        _need(len(srcs) in (2, 3), op, f"takes (x, weight[, bias]), got {len(srcs)} sources")
+    else:
+        _need(len(srcs) == ARITY[op], op, f"takes {ARITY[op]} sources, got {len(srcs)}")
+
+    if op is Op.GET_ROWS:
+        w, ids = srcs
+        _need(w.op is Op.WEIGHT and len(w.shape) == 2, op, "source 0 must be a 2-D weight")
+        _need(ids.dtype is DType.I32 and len(ids.shape) == 1, op, "ids must be i32[n]")
+        return DType.F32, (ids.shape[0], w.shape[1])
+    if op is Op.SLICE_ROWS:
+        (x,) = srcs
+        _need(isinstance(arg, SliceArg), op, "arg must be a SliceArg")
+        _need(len(x.shape) >= 1, op, "source must have rows")
+        end = arg.start + arg.count
+        _need(
+            arg.start >= 0 and arg.count >= 1 and end <= x.shape[0],
+            op,
+            f"rows [{arg.start}, {end}) outside 0..{x.shape[0]}",
+        )
+        return x.dtype, (arg.count, *x.shape[1:])
+    if op in (Op.ADD, Op.MUL, Op.SWIGLU):
+        a, b = srcs
+        _rows(op, a, "source 0")
+        _need(b.dtype is DType.F32, op, "source 1 must be f32")
+        if op is Op.SWIGLU:
+            _need(b.shape == a.shape, op, f"gate {a.shape} and up {b.shape} differ")
+        else:
+            _need(
+                b.shape in (a.shape, a.shape[1:]),
+                op,
+                f"source 1 {b.shape} must be {a.shape} or a row vector {a.shape[1:]}",
+            )
+        return DType.F32, a.shape
+    if op in (Op.SILU, Op.RMS_NORM):
+        (x,) = srcs
+        _rows(op, x, "source")
+        if op is Op.RMS_NORM:
+            _need(
+                isinstance(arg, float) and arg > 0 and float(np.float32(arg)) == arg,
+                op,
+                "arg must be eps, a positive float exactly representable in float32",
+            )
+        return DType.F32, x.shape
+    if op is Op.MATMUL:
+        x, w = srcs[:2]
+        _rows(op, x, "x")
+        _need(w.op is Op.WEIGHT and len(w.shape) == 2, op, "source 1 must be a 2-D weight")
+        _need(w.dtype in WEIGHT_TYPES, op, f"{w.dtype.name} is not a weight type")
+        _need(x.shape[1] == w.shape[1], op, f"x width {x.shape[1]} != weight cols {w.shape[1]}")
+        _need(w.shape[1] % w.dtype.block_size == 0, op, "weight cols must fill whole blocks")
+        if len(srcs) == 3:
+            _need(
+                srcs[2].dtype is DType.F32 and srcs[2].shape == (w.shape[0],),
+                op,
+                f"bias must be f32[{w.shape[0]}]",
+            )
+        return DType.F32, (x.shape[0], w.shape[0])
+    if op is Op.ROPE:
+        x, pos, cos, sin = srcs
+        _rows(op, x, "x")
+        _need(isinstance(arg, RopeArg), op, "arg must be a RopeArg")
+        _need(arg.mode in ("normal", "neox"), op, f"unknown mode {arg.mode!r}")
+        _need(x.shape[1] == arg.n_head * arg.head_dim, op, "x width != n_head * head_dim")
+        _need(
+            0 < arg.n_rot <= arg.head_dim and arg.n_rot % 2 == 0,
+            op,
+            "n_rot must be even and in (0, head_dim]",
+        )
+        _positions(op, pos, x.shape[0])
+        for t in (cos, sin):
+            _need(
+                t.dtype is DType.F32 and len(t.shape) == 2 and t.shape[1] == arg.n_rot // 2,
+                op,
+                f"tables must be f32 (n_ctx, {arg.n_rot // 2})",
+            )
+        return DType.F32, x.shape
+    if op is Op.KV_WRITE:
+        cache, rows, pos = srcs
+        _need(cache.op is Op.STATE, op, "source 0 must be a STATE (the cache)")
+        _rows(op, rows, "rows")
+        _need(cache.shape[1:] == rows.shape[1:], op, "rows width != cache width")
+        _positions(op, pos, rows.shape[0])
+        return cache.dtype, cache.shape
+    if op is Op.ATTENTION:
+        q, k, v, pos = srcs
+        _rows(op, q, "q")
+        _need(isinstance(arg, AttentionArg), op, "arg must be an AttentionArg")
+        _need(k.op is Op.KV_WRITE and v.op is Op.KV_WRITE, op, "k and v must be KV_WRITE results")
+        _need(arg.n_head % arg.n_head_kv == 0, op, "n_head must be a multiple of n_head_kv")
+        _need(q.shape[1] == arg.n_head * arg.head_dim, op, "q width != n_head * head_dim")
+        kv_width = arg.n_head_kv * arg.head_dim
+        _need(
+            k.shape[1] == kv_width and v.shape == k.shape, op, f"caches must be (n_ctx, {kv_width})"
+        )
+        _positions(op, pos, q.shape[0])
+        return DType.F32, q.shape
+    if op is Op.ARGMAX:
+        (x,) = srcs
+        _rows(op, x, "source")
+        return DType.I32, (x.shape[0],)
+    raise GraphError(f"no signature for {op.name}")
+
+
+def verify(graph: Graph) -> None:
+    """Check single assignment, topological order, leaves at the head, every node's type and
+    shape, unique leaf names and outputs; raise GraphError naming the first bad node."""
+    seen: dict[tuple[Op, str], int] = {}
+    head = True
+    for i, node in enumerate(graph.nodes):
+        where = f"node %{i} ({node.op.name})"
+        if not isinstance(node, Node):
+            raise GraphError(f"{where}: not a Node")
+        if node.op.is_leaf:
+            if not head:
+                raise GraphError(f"{where}: leaves must precede computed nodes (graph head)")
+            if node.src or not isinstance(node.arg, str) or not node.arg:
+                raise GraphError(f"{where}: a leaf has no sources and a non-empty name")
+            if (node.op, node.arg) in seen:
+                raise GraphError(f"{where}: {node.op.name} {node.arg!r} declared twice")
+            seen[node.op, node.arg] = i
+            continue
+        head = False
+        for s in node.src:
+            if not 0 <= s < i:
+                raise GraphError(f"{where}: source %{s} is not an earlier node")
+        try:
+            dtype, shape = infer(node.op, [graph.nodes[s] for s in node.src], node.arg)
+        except GraphError as e:
+            raise GraphError(f"{where}: {e}") from None
+        if (dtype, shape) != (node.dtype, node.shape):
+            raise GraphError(
+                f"{where}: declared {node.dtype.name}{list(node.shape)}, "
+                f"its sources give {dtype.name}{list(shape)}"
+            )
+    states = graph.leaves(Op.STATE).values()
+    users = graph.consumers()
+    for s in states:
+        if [graph.nodes[u].op for u in users[s]] != [Op.KV_WRITE]:
+            raise GraphError(f"node %{s}: a STATE must be read by exactly one KV_WRITE")
+    if not graph.outputs:
+        raise GraphError("graph has no outputs")
+    for o in graph.outputs:
+        if not 0 <= o < len(graph.nodes):
+            raise GraphError(f"output %{o} is not a node")

@@ -1,0 +1,31 @@
+"""GraphParams: everything about one step that changes the graph's structure.
+
+Params are part of a graph's identity: graphs are built from (model spec, params) and cached by
+them. Values that change every step without changing the structure (token ids, positions) are
+graph inputs, never params, so one graph (and one captured CUDA graph) serves every decode step.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+OUTPUTS = ("logits", "argmax")
+
+
+def _positive(_inst: object, attr: attrs.Attribute, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{attr.name} must be >= 1, got {value}")
+
+
+@attrs.frozen
+class GraphParams:
+    n_tokens: int = attrs.field(validator=_positive)  # tokens computed in this step
+    n_ctx: int = attrs.field(validator=_positive)  # KV cache capacity (positions 0..n_ctx-1)
+    n_out: int = attrs.field(default=1, validator=_positive)  # last rows that produce output
+    output: str = attrs.field(default="logits", validator=attrs.validators.in_(OUTPUTS))
+
+    def __attrs_post_init__(self) -> None:
+        if self.n_out > self.n_tokens:
+            raise ValueError(f"n_out ({self.n_out}) exceeds n_tokens ({self.n_tokens})")
+        if self.n_tokens > self.n_ctx:
+            raise ValueError(f"n_tokens ({self.n_tokens}) exceeds the context n_ctx ({self.n_ctx})")
