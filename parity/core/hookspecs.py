@@ -1,0 +1,23 @@
+"""The hooks a parity plugin implements. Built-in backends use them exactly as outside
+packages do, through the ``parity`` entry-point group (see docs/writing-a-backend.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("parity")
+hookimpl = pluggy.HookimplMarker("parity")
+
+
+@hookspec
+def parity_register_backends(register: Callable[[type], None]) -> None:
+    """Register backend classes.
+
+    Called once when the plugin manager collects backends. Call ``register(BackendClass)`` for
+    each subclass of ``parity.core.backend.Backend`` the plugin provides. Registering must be
+    cheap: import nothing heavy and touch no device (do that in ``available`` and the
+    constructor). A class whose ``api_version`` differs from the runtime's plugin API version,
+    or whose ``name`` is taken, is refused and the plugin is reported as broken. Returns nothing.
+    """

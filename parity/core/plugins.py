@@ -1,0 +1,134 @@
+"""The plugin manager: hookspecs, the ``parity`` entry-point group, the built-in backends.
+
+``PARITY_PLUGINS`` limits what loads: ``cpu,jax`` loads only those plugins; ``-jax`` (or
+``-jax,-other``) loads everything else. A plugin that fails to import or register is reported
+by name and skipped; every other backend keeps working.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+
+import attrs
+import pluggy
+
+from parity.core import hookspecs
+from parity.core.backend import PLUGIN_API_VERSION, Backend
+from parity.errors import PluginError
+
+ENTRY_POINT_GROUP = "parity"
+ENV_VAR = "PARITY_PLUGINS"
+DEFAULT_PLUGINS = {"cpu": "parity.backends.cpu"}
+
+
+class PluginWarning(UserWarning):
+    """A plugin could not be loaded; the rest of parity still works."""
+
+
+@attrs.define
+class Registry:
+    """What the plugins registered: backend classes by name, and broken plugins with why."""
+
+    backends: dict[str, type[Backend]] = attrs.Factory(dict)
+    owners: dict[str, str] = attrs.Factory(dict)  # backend name -> plugin name
+    broken: dict[str, str] = attrs.Factory(dict)  # plugin name -> one-line reason
+
+    def get(self, name: str) -> type[Backend]:
+        if name in self.backends:
+            return self.backends[name]
+        known = ", ".join(self.backends) or "none"
+        hint = f" (broken plugins: {', '.join(self.broken)})" if self.broken else ""
+        raise PluginError(f"unknown backend {name!r}; installed backends: {known}{hint}")
+
+
+def plugin_filter(value: str | None) -> tuple[set[str] | None, set[str]]:
+    """Parse ``PARITY_PLUGINS`` into (only these or None for all, never these)."""
+    names = [n.strip() for n in (value or "").split(",") if n.strip()]
+    exclude = {n[1:] for n in names if n.startswith("-")}
+    include = {n for n in names if not n.startswith("-")}
+    return (include or None), exclude
+
+
+def plugin_manager(env: Mapping[str, str] | None = None) -> tuple[pluggy.PluginManager, dict]:
+    """Create the manager, add hookspecs, register the defaults and the entry points that
+    ``PARITY_PLUGINS`` allows. Returns it and the plugins that failed to import."""
+    env = os.environ if env is None else env
+    include, exclude = plugin_filter(env.get(ENV_VAR))
+    pm = pluggy.PluginManager("parity")
+    pm.add_hookspecs(hookspecs)
+    broken: dict[str, str] = {}
+    candidates = [(n, m, importlib.import_module) for n, m in DEFAULT_PLUGINS.items()]
+    candidates += [
+        (ep.name, ep.value, lambda _v, ep=ep: ep.load())
+        for ep in entry_points(group=ENTRY_POINT_GROUP)
+    ]
+    for name, target, load in candidates:
+        if (include is not None and name not in include) or name in exclude:
+            continue
+        if pm.has_plugin(name):
+            continue
+        try:
+            module = load(target)
+        except Exception as e:  # a broken plugin must not take the others down
+            broken[name] = f"failed to import {target}: {type(e).__name__}: {e}"
+            continue
+        try:
+            pm.register(module, name=name)
+        except Exception as e:  # PluginValidationError: a hook with a bad signature
+            broken[name] = f"rejected: {type(e).__name__}: {e}"
+    return pm, broken
+
+
+def collect_backends(pm: pluggy.PluginManager, broken: Mapping[str, str] = ()) -> Registry:
+    """Call every plugin's ``parity_register_backends`` on its own, so one failing plugin is
+    reported and the others still register."""
+    registry = Registry(broken=dict(broken))
+    for impl in pm.hook.parity_register_backends.get_hookimpls():
+        plugin = impl.plugin_name
+        offered: list[type] = []
+        try:
+            hook_args = {"register": offered.append}
+            impl.function(*(hook_args[a] for a in impl.argnames))
+            for cls in offered:
+                _check_backend_class(cls, registry)
+        except Exception as e:
+            registry.broken[plugin] = f"failed to register: {type(e).__name__}: {e}"
+            continue
+        for cls in offered:
+            registry.backends[cls.name] = cls
+            registry.owners[cls.name] = plugin
+    for plugin, reason in registry.broken.items():
+        warnings.warn(
+            f"parity plugin {plugin!r} is broken and was skipped: {reason}. Other backends "
+            f"keep working; silence it with {ENV_VAR}=-{plugin}",
+            PluginWarning,
+            stacklevel=2,
+        )
+    return registry
+
+
+def _check_backend_class(cls: type, registry: Registry) -> None:
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise PluginError(f"{cls!r} is not a subclass of parity.core.backend.Backend")
+    if not cls.name:
+        raise PluginError(f"{cls.__name__} has no backend name")
+    if cls.api_version != PLUGIN_API_VERSION:
+        raise PluginError(
+            f"backend {cls.name!r} targets plugin API version {cls.api_version}, this parity "
+            f"speaks {PLUGIN_API_VERSION}; upgrade the plugin or parity"
+        )
+    if cls.name in registry.backends:
+        raise PluginError(
+            f"backend name {cls.name!r} is already registered by plugin "
+            f"{registry.owners[cls.name]!r}"
+        )
+
+
+def load_backends(env: Mapping[str, str] | None = None) -> Registry:
+    """The installed backends: built-ins and entry points, broken plugins reported."""
+    pm, broken = plugin_manager(env)
+    return collect_backends(pm, broken)

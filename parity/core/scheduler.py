@@ -1,0 +1,199 @@
+"""Assign every node to a backend, cut the graph into splits, and say why.
+
+Backends are tried in priority order (the chosen backend first, ``cpu`` last); a node goes to
+the first whose ``supports_op`` accepts it. The scheduler never branches on backend names.
+Anything that is not the first choice is a fallback, which ``strict`` turns into an error.
+
+A split is a maximal run of consecutive computed nodes on one backend. Leaves belong to no
+split: INPUTs are uploaded to each backend that reads them, WEIGHTs are registered on each
+backend that reads them, and a STATE lives on the backend of its one KV_WRITE.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+
+import attrs
+
+from parity.core.backend import Backend, Split
+from parity.core.ir import Graph, Op
+from parity.errors import SchedulingError
+
+HOST = "host"  # where INPUT leaves start
+
+
+@attrs.frozen
+class Placement:
+    backend: str
+    reason: str
+    fallback: bool = False
+
+
+@attrs.frozen
+class Copy:
+    """Before split ``split`` runs, node ``node``'s value moves from ``src`` to ``dst``."""
+
+    split: int
+    node: int
+    src: str
+    dst: str
+
+
+@attrs.frozen
+class Plan:
+    graph: Graph = attrs.field(repr=False)
+    placements: tuple[Placement | None, ...]  # per node; None for WEIGHT/INPUT leaves
+    splits: tuple[Split, ...]
+    copies: tuple[Copy, ...]
+
+    @property
+    def fallbacks(self) -> list[int]:
+        return [i for i, p in enumerate(self.placements) if p is not None and p.fallback]
+
+    def backend_of(self, node: int) -> str | None:
+        p = self.placements[node]
+        return p.backend if p is not None else None
+
+    def summary(self) -> dict:
+        ops = Counter(
+            (self.graph.nodes[i].op.name, p.backend)
+            for i, p in enumerate(self.placements)
+            if p is not None and not self.graph.nodes[i].op.is_leaf
+        )
+        return {
+            "nodes": len(self.graph.nodes),
+            "splits": len(self.splits),
+            "copies": sum(1 for c in self.copies if c.src != HOST),
+            "fallbacks": len(self.fallbacks),
+            "ops": [{"op": op, "backend": b, "count": n} for (op, b), n in sorted(ops.items())],
+        }
+
+    def explain(self, verbose: bool = False) -> str:
+        """A readable plan: per op kind where it runs, every fallback with its reason, the
+        splits; ``verbose`` lists every node."""
+        s = self.summary()
+        lines = [
+            f"{s['nodes']} nodes, {s['splits']} split(s), {s['copies']} cross-backend "
+            f"copies, {s['fallbacks']} fallback(s)"
+        ]
+        lines += [f"  {o['op']:<12} x{o['count']:<4} -> {o['backend']}" for o in s["ops"]]
+        for i in self.fallbacks:
+            n, p = self.graph.nodes[i], self.placements[i]
+            lines.append(f"  fallback %{i} {n.op.name} -> {p.backend}: {p.reason}")
+        for sp in self.splits:
+            lines.append(
+                f"  split {sp.index} on {sp.backend}: nodes %{sp.nodes[0]}..%{sp.nodes[-1]} "
+                f"({len(sp.nodes)}), {len(sp.inputs)} inputs, {len(sp.outputs)} outputs"
+            )
+        if verbose:
+            for i, (n, p) in enumerate(zip(self.graph.nodes, self.placements, strict=True)):
+                where = p.backend if p else "(registered where read)"
+                why = f"  # {p.reason}" if p else ""
+                lines.append(f"  %{i:<4} {n.op.name:<10} -> {where}{why}")
+        return "\n".join(lines)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                **self.summary(),
+                "placements": [
+                    None
+                    if p is None
+                    else {"backend": p.backend, "reason": p.reason, "fallback": p.fallback}
+                    for p in self.placements
+                ],
+            }
+        )
+
+
+def place(graph: Graph, backends: Sequence[Backend]) -> list[Placement | None]:
+    """Choose a backend for every computed node and STATE leaf."""
+    if not backends:
+        raise SchedulingError("no backends to schedule on")
+    placements: list[Placement | None] = [None] * len(graph.nodes)
+    first = backends[0].name
+    for i, node in enumerate(graph.nodes):
+        if node.op.is_leaf:
+            continue
+        srcs = [graph.nodes[s] for s in node.src]
+        refusals = []
+        for b in backends:
+            if b.supports_op(node, srcs):
+                fallback = b.name != first
+                why = "; ".join(refusals) if fallback else f"{b.name} supports it"
+                placements[i] = Placement(b.name, why, fallback)
+                break
+            refusals.append(b.why_unsupported(node, srcs))
+        else:
+            raise SchedulingError(f"no backend can run %{i} {node.op.name}: {'; '.join(refusals)}")
+    users = graph.consumers()
+    for s in graph.leaves(Op.STATE).values():
+        (writer,) = users[s]  # verify() guarantees one KV_WRITE per STATE
+        p = placements[writer]
+        placements[s] = Placement(p.backend, f"state of %{writer}, which runs on {p.backend}")
+    return placements
+
+
+def schedule(
+    graph: Graph,
+    backends: Sequence[Backend],
+    *,
+    strict: bool = False,
+    expose: Sequence[int] = (),
+) -> Plan:
+    """Plan ``graph`` over ``backends`` (priority order). ``expose`` lists extra node ids whose
+    values must be read back (the oracle comparison exposes every node)."""
+    placements = place(graph, backends)
+    fallbacks = [i for i, p in enumerate(placements) if p is not None and p.fallback]
+    if strict and fallbacks:
+        detail = "; ".join(
+            f"%{i} {graph.nodes[i].op.name} -> {placements[i].backend} ({placements[i].reason})"
+            for i in fallbacks[:8]
+        )
+        more = f" and {len(fallbacks) - 8} more" if len(fallbacks) > 8 else ""
+        raise SchedulingError(
+            f"strict mode: {len(fallbacks)} node(s) cannot run on {backends[0].name}: "
+            f"{detail}{more}. Turn strict off to allow the fallback."
+        )
+
+    # maximal runs of consecutive computed nodes on one backend
+    runs: list[tuple[str, list[int]]] = []
+    for i, node in enumerate(graph.nodes):
+        if node.op.is_leaf:
+            continue
+        b = placements[i].backend
+        if runs and runs[-1][0] == b:
+            runs[-1][1].append(i)
+        else:
+            runs.append((b, [i]))
+
+    users = graph.consumers()
+    split_of = {i: k for k, (_, ids) in enumerate(runs) for i in ids}
+    needed_outside = set(graph.outputs) | set(expose)
+    splits, copies = [], []
+    location: dict[int, set[str]] = {}  # node -> backends holding its value so far
+    for k, (b, ids) in enumerate(runs):
+        members = set(ids)
+        inputs = sorted({s for i in ids for s in graph.nodes[i].src if s not in members})
+        outputs = [
+            i for i in ids if i in needed_outside or any(split_of.get(u, k) != k for u in users[i])
+        ]
+        for s in inputs:
+            op = graph.nodes[s].op
+            if op is Op.WEIGHT:
+                continue
+            if op is Op.INPUT:
+                held = location.setdefault(s, {HOST})
+                src = HOST
+            else:  # a STATE, or a value computed by an earlier split
+                held = location.setdefault(s, {placements[s].backend})
+                src = placements[s].backend
+            if b not in held:
+                copies.append(Copy(k, s, src, b))
+                held.add(b)
+        for i in outputs:
+            location[i] = {b}
+        splits.append(Split(k, b, graph, tuple(ids), tuple(inputs), tuple(outputs)))
+    return Plan(graph, tuple(placements), tuple(splits), tuple(copies))
