@@ -1,0 +1,1 @@
+"""Built-in backends. Each registers through the same hooks an outside plugin uses."""

@@ -1,0 +1,325 @@
+"""The living definition of every op: one plain numpy function per op, named like the op.
+
+Each function is the contract of docs/numerics.md written in numpy. float32 numpy arithmetic is
+one correctly rounded operation per ufunc call and never fuses, so one expression per line is
+one fl() of the contract. Reductions go through ``tree_sum`` (the fixed tree), ``exp`` is the
+project's own, and max/argmax are exact in any order. Activations are float32
+``(n_tokens, width)``; ids and positions are int32 ``(n_tokens,)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from parity import quant
+from parity.numerics import F32, exp, tree_sum
+from parity.quant import PreparedWeight
+
+CHUNK = 256  # attention reduces positions in chunks of this many slots, aligned at position 0
+_ATTENTION_TEMP_BYTES = 64 << 20  # token-chunk budget for attention's largest temporary
+
+_ROPE_MODES = ("normal", "neox")
+
+
+# --- argument checks: every message names the op and what to fix ---------------------------
+
+
+def _rows(op: str, x: np.ndarray, what: str = "x") -> None:
+    if not isinstance(x, np.ndarray) or x.dtype != F32 or x.ndim != 2:
+        got = f"{x.dtype}{list(x.shape)}" if isinstance(x, np.ndarray) else type(x).__name__
+        raise ValueError(f"{op}: {what} must be a float32 (n_tokens, width) array, got {got}")
+
+
+def _positions(op: str, positions: np.ndarray, n_tokens: int, limit: int, what: str) -> None:
+    if (
+        not isinstance(positions, np.ndarray)
+        or positions.dtype != np.int32
+        or positions.shape != (n_tokens,)
+    ):
+        got = (
+            f"{positions.dtype}{list(positions.shape)}"
+            if isinstance(positions, np.ndarray)
+            else type(positions).__name__
+        )
+        raise ValueError(f"{op}: positions must be int32[{n_tokens}], got {got}")
+    bad = (positions < 0) | (positions >= limit)
+    if bad.any():
+        p = int(positions[np.argmax(bad)])
+        raise ValueError(f"{op}: position {p} is outside {what} rows 0..{limit - 1}")
+
+
+def _elementwise(op: str, a: np.ndarray, b: np.ndarray) -> None:
+    _rows(op, a, "a")
+    if not isinstance(b, np.ndarray) or b.dtype != F32 or b.shape not in (a.shape, a.shape[1:]):
+        got = f"{b.dtype}{list(b.shape)}" if isinstance(b, np.ndarray) else type(b).__name__
+        raise ValueError(
+            f"{op}: b must be float32 {list(a.shape)} or a row vector {list(a.shape[1:])}, "
+            f"got {got}"
+        )
+
+
+# --- data movement ---------------------------------------------------------------------------
+
+
+def get_rows(weight: PreparedWeight, ids: np.ndarray) -> np.ndarray:
+    """Rows ``ids`` of a prepared weight, dequantized to float32 ``(len(ids), K)``."""
+    return quant.get_rows(weight, ids)
+
+
+def slice_rows(x: np.ndarray, start: int, count: int) -> np.ndarray:
+    """Rows ``[start, start + count)`` of ``x``, as a new array."""
+    if not isinstance(x, np.ndarray) or x.ndim < 1:
+        raise ValueError("slice_rows: x must be an array with rows")
+    if start < 0 or count < 1 or start + count > x.shape[0]:
+        raise ValueError(
+            f"slice_rows: rows [{start}, {start + count}) are outside 0..{x.shape[0]}; "
+            "need start >= 0, count >= 1 and start + count <= n_rows"
+        )
+    return x[start : start + count].copy()
+
+
+# --- elementwise -----------------------------------------------------------------------------
+
+
+def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """fl(a + b); ``b`` is ``a``'s shape or a (width,) row vector added to every row."""
+    _elementwise("add", a, b)
+    return a + b
+
+
+def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """fl(a * b); ``b`` is ``a``'s shape or a (width,) row vector multiplied into every row."""
+    _elementwise("mul", a, b)
+    return a * b
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """fl(x / fl(1 + exp(-x))): x <= -89 gives -0.0 (x / inf), silu(-inf) is NaN (inf / inf)."""
+    _rows("silu", x)
+    with np.errstate(invalid="ignore"):  # -inf / inf = NaN is the contract's answer
+        d = F32(1) + exp(-x)
+        return x / d
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """fl(silu(gate) * up), with gate and up of one shape."""
+    _rows("swiglu", gate, "gate")
+    _rows("swiglu", up, "up")
+    if gate.shape != up.shape:
+        raise ValueError(f"swiglu: gate {list(gate.shape)} and up {list(up.shape)} must match")
+    return silu(gate) * up
+
+
+# --- normalization ---------------------------------------------------------------------------
+
+
+def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    """Per row: x * (1 / sqrt(tree_sum(x * x) / width + eps)), one fl() per step.
+
+    ``eps`` must be exactly representable in float32. A row whose squares overflow (|x| above
+    ~1.8e19) has ss = inf, so its scale is 0 and it comes out as zeros (NaN where x is inf).
+    """
+    _rows("rms_norm", x)
+    if not (float(F32(eps)) == eps and eps > 0):
+        raise ValueError(f"rms_norm: eps must be positive and exact in float32, got {eps!r}")
+    width = F32(x.shape[1])
+    with np.errstate(over="ignore", invalid="ignore"):
+        sq = x * x  # (n_tokens, width)
+        ss = tree_sum(sq, axis=-1)  # (n_tokens,)
+        mean = ss / width
+        r = np.sqrt(mean + F32(eps))
+        scale = F32(1) / r
+        return x * scale[:, None]
+
+
+# --- matrix products -------------------------------------------------------------------------
+
+
+def matmul(x: np.ndarray, weight: PreparedWeight, bias: np.ndarray | None = None) -> np.ndarray:
+    """``x @ weight.T`` by parity.quant's contract, then ``add(y, bias)`` if a bias is given."""
+    y = quant.matmul(x, weight)  # (n_tokens, n_out)
+    if bias is not None:
+        y = add(y, bias)
+    return y
+
+
+# --- positions -------------------------------------------------------------------------------
+
+
+def rope(
+    x: np.ndarray,
+    positions: np.ndarray,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    *,
+    n_head: int,
+    head_dim: int,
+    n_rot: int,
+    mode: str,
+) -> np.ndarray:
+    """Rotate the first ``n_rot`` dims of every head by the table row of each token's position.
+
+    Pairs are (2i, 2i+1) in mode "normal" and (i, i + n_rot/2) in mode "neox", both using table
+    column i: x0' = fl(fl(x0 c) - fl(x1 s)), x1' = fl(fl(x0 s) + fl(x1 c)). Dims >= n_rot pass.
+    """
+    _rows("rope", x)
+    if mode not in _ROPE_MODES:
+        raise ValueError(f"rope: mode must be one of {_ROPE_MODES}, got {mode!r}")
+    if x.shape[1] != n_head * head_dim:
+        raise ValueError(f"rope: x width {x.shape[1]} != n_head * head_dim = {n_head * head_dim}")
+    if not (0 < n_rot <= head_dim and n_rot % 2 == 0):
+        raise ValueError(f"rope: n_rot must be even and in (0, head_dim={head_dim}], got {n_rot}")
+    half = n_rot // 2
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, np.ndarray) or t.dtype != F32 or t.ndim != 2 or t.shape[1] != half:
+            raise ValueError(f"rope: {name} must be a float32 (n_ctx, {half}) table")
+    if cos.shape != sin.shape:
+        raise ValueError(f"rope: cos {list(cos.shape)} and sin {list(sin.shape)} differ")
+    _positions("rope", positions, x.shape[0], cos.shape[0], "the rope tables'")
+
+    xh = x.reshape(x.shape[0], n_head, head_dim)  # (n_tokens, n_head, head_dim)
+    c = cos[positions][:, None, :]  # (n_tokens, 1, n_rot // 2)
+    s = sin[positions][:, None, :]
+    if mode == "normal":
+        i0, i1 = slice(0, n_rot, 2), slice(1, n_rot, 2)
+    else:
+        i0, i1 = slice(0, half), slice(half, n_rot)
+    x0 = xh[..., i0]  # (n_tokens, n_head, n_rot // 2)
+    x1 = xh[..., i1]
+    out = xh.copy()
+    out[..., i0] = (x0 * c) - (x1 * s)
+    out[..., i1] = (x0 * s) + (x1 * c)
+    return out.reshape(x.shape)
+
+
+# --- attention -------------------------------------------------------------------------------
+
+
+def kv_write(cache: np.ndarray, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Write ``rows[t]`` into ``cache[positions[t]]`` IN PLACE and return the cache.
+
+    Positions must be distinct and inside the cache (a GPU could write duplicates in any order).
+    """
+    _rows("kv_write", cache, "cache")
+    _rows("kv_write", rows, "rows")
+    if rows.shape[1] != cache.shape[1]:
+        raise ValueError(f"kv_write: rows width {rows.shape[1]} != cache width {cache.shape[1]}")
+    _positions("kv_write", positions, rows.shape[0], cache.shape[0], "the cache's")
+    if np.unique(positions).size != positions.size:
+        raise ValueError("kv_write: positions must be distinct within one write")
+    cache[positions] = rows
+    return cache
+
+
+def attention(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    positions: np.ndarray,
+    *,
+    n_head: int,
+    n_head_kv: int,
+    head_dim: int,
+    scale: float,
+) -> np.ndarray:
+    """Causal softmax attention of each token over cache rows 0..positions[t] (GQA).
+
+    Two passes per (token, head): scores s_j = fl(tree_sum_d(fl(q_d k_jd)) * scale), m = max s_j,
+    e_j = exp(fl(s_j - m)); numerator and denominator are tree sums over CHUNK-slot chunks
+    aligned at position 0 (slots past the position are +0.0), chunk sums folded left to right;
+    out = fl(num / den). Rows are computed independently (batch invariant); tokens are processed
+    in chunks only to bound memory.
+    """
+    _rows("attention", q, "q")
+    _rows("attention", k_cache, "k_cache")
+    _rows("attention", v_cache, "v_cache")
+    if n_head_kv < 1 or n_head % n_head_kv:
+        raise ValueError(f"attention: n_head {n_head} must be a multiple of n_head_kv {n_head_kv}")
+    if q.shape[1] != n_head * head_dim:
+        raise ValueError(f"attention: q width {q.shape[1]} != n_head * head_dim")
+    kv_width = n_head_kv * head_dim
+    if k_cache.shape[1] != kv_width or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"attention: caches must both be (n_ctx, {kv_width}), "
+            f"got {list(k_cache.shape)} and {list(v_cache.shape)}"
+        )
+    if float(F32(scale)) != scale:
+        raise ValueError(f"attention: scale must be exact in float32, got {scale!r}")
+    _positions("attention", positions, q.shape[0], k_cache.shape[0], "the caches'")
+
+    out = np.empty_like(q)  # (n_tokens, n_head * head_dim)
+    if q.shape[0] == 0:
+        return out
+    span = (int(positions.max()) // CHUNK + 1) * CHUNK
+    per_token = n_head * span * head_dim * 4  # bytes of the numerator's products per token
+    step = max(1, _ATTENTION_TEMP_BYTES // per_token)
+    for t0 in range(0, q.shape[0], step):
+        t1 = min(t0 + step, q.shape[0])
+        out[t0:t1] = _attention_tokens(
+            q[t0:t1], k_cache, v_cache, positions[t0:t1], n_head_kv, head_dim, F32(scale)
+        )
+    return out
+
+
+def _attention_tokens(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    positions: np.ndarray,
+    n_head_kv: int,
+    head_dim: int,
+    scale: np.float32,
+) -> np.ndarray:
+    """``attention`` for a few tokens; each token's result depends on its own row only."""
+    n_tok = q.shape[0]
+    g, d = n_head_kv, head_dim
+    rep = q.shape[1] // (g * d)  # query heads per kv head: head h reads kv head h // rep
+    n_chunks = positions // CHUNK + 1  # (n_tok,) chunks each token folds
+    nc = int(n_chunks.max())
+    span = nc * CHUNK
+    n = min(span, k_cache.shape[0])  # cache rows read
+    qh = q.reshape(n_tok, g, rep, d)  # (n_tok, g, rep, d)
+    kh = k_cache[:n].reshape(n, g, d)  # (n, g, d)
+    vh = np.zeros((span, g, d), dtype=F32)  # (span, g, d), rows past the cache are zeros
+    vh[:n] = v_cache[:n].reshape(n, g, d)
+    valid = np.arange(span)[None, :] <= positions[:, None]  # (n_tok, span)
+
+    with np.errstate(over="ignore", invalid="ignore"):  # unused cache rows may hold anything
+        # scores: head_dim first, so the tree's pair levels add whole contiguous slabs
+        prod = qh.transpose(3, 0, 1, 2)[..., None] * kh.transpose(2, 1, 0)[:, None, :, None, :]
+        dot = tree_sum(prod, axis=0)  # (n_tok, g, rep, n)
+        s = np.full((n_tok, g, rep, span), -np.inf, dtype=F32)
+        s[..., :n] = dot * scale
+        s = np.where(valid[:, None, None, :], s, F32(-np.inf))
+        m = s.max(axis=-1, keepdims=True)  # (n_tok, g, rep, 1), exact in any order
+        e = exp(s - m)
+        e = np.where(valid[:, None, None, :], e, F32(0))  # (n_tok, g, rep, span)
+
+        den_c = tree_sum(e.reshape(n_tok, g, rep, nc, CHUNK), axis=-1)  # (n_tok, g, rep, nc)
+        # numerator products, position first: (span, n_tok, g, rep, d)
+        pv = e.transpose(3, 0, 1, 2)[..., None] * vh[:, None, :, None, :]
+        # slots past the position are +0.0, even where v is -0.0, inf or NaN
+        np.copyto(pv, F32(0), where=~valid.T[:, :, None, None, None])
+        num_c = tree_sum(pv.reshape(nc, CHUNK, n_tok, g, rep, d), axis=1)  # (nc, n_tok, g, rep, d)
+
+        # fold chunk sums left to right, stopping at each token's own last chunk
+        den = den_c[..., 0]  # (n_tok, g, rep)
+        num = num_c[0]  # (n_tok, g, rep, d)
+        for c in range(1, nc):
+            more = (c < n_chunks)[:, None, None]  # (n_tok, 1, 1)
+            den = np.where(more, den + den_c[..., c], den)
+            num = np.where(more[..., None], num + num_c[c], num)
+        out = num / den[..., None]  # (n_tok, g, rep, d)
+    return out.reshape(n_tok, g * rep * d)
+
+
+# --- reductions ------------------------------------------------------------------------------
+
+
+def argmax(x: np.ndarray) -> np.ndarray:
+    """Per row, the int32 index of the maximum: the first on ties; NaN beats every number
+    (the first NaN wins), as numpy's argmax does."""
+    _rows("argmax", x)
+    if x.shape[1] == 0:
+        raise ValueError("argmax: rows must have at least one element")
+    return np.argmax(x, axis=1).astype(np.int32)

@@ -1,0 +1,94 @@
+"""The contract's arithmetic primitives, shared by every oracle op (docs/numerics.md).
+
+Only correctly rounded float32 add, sub, mul, div and sqrt appear here, in an order fixed by
+the data's shape. numpy never contracts ``a * b + c`` into an FMA, so writing the operations
+one per line is writing the contract.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+F32 = np.float32
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def tree_sum(a: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Sum float32 values along ``axis`` by the contract's fixed tree.
+
+    The n values are padded with +0.0 to the next power of two, then adjacent pairs are added
+    level by level: ``(a0 + a1) + (a2 + a3)``, ... This is the order a GPU gets from a warp
+    butterfly with offsets 1, 2, 4, ...; it depends on n only, never on the hardware.
+    """
+    a = np.moveaxis(np.asarray(a, dtype=F32), axis, -1)
+    n = a.shape[-1]
+    if n == 0:
+        return np.zeros(a.shape[:-1], dtype=F32)
+    width = next_pow2(n)
+    if width != n:
+        padded = np.zeros((*a.shape[:-1], width), dtype=F32)
+        padded[..., :n] = a
+        a = padded
+    while a.shape[-1] > 1:
+        a = a[..., 0::2] + a[..., 1::2]
+    return a[..., 0]
+
+
+# --- exp: the contract's float32 exponential, from add/sub/mul and exact bit work only -------
+
+LOG2E = F32(float.fromhex("0x1.715476p+0"))  # 1/ln 2 rounded to f32
+# ln 2 = LN2_HI + LN2_LO; LN2_HI has 15 significant bits, so k * LN2_HI is exact for |k| < 2^9
+LN2_HI = F32(float.fromhex("0x1.62e400p-1"))
+LN2_LO = F32(float.fromhex("0x1.7f7d1cp-20"))
+# Taylor coefficients 1/n!, n = 7 down to 0, rounded to f32; Horner order is this order
+EXP_POLY = tuple(
+    F32(float.fromhex(h))
+    for h in (
+        "0x1.a01a02p-13",  # 1/5040
+        "0x1.6c16c2p-10",  # 1/720
+        "0x1.111112p-7",  # 1/120
+        "0x1.555556p-5",  # 1/24
+        "0x1.555556p-3",  # 1/6
+        "0x1.000000p-1",  # 1/2
+        "0x1.000000p+0",  # 1
+        "0x1.000000p+0",  # 1
+    )
+)
+# the largest f32 whose exp rounds to a finite f32; anything above gives +inf
+EXP_HI = F32(float.fromhex("0x1.62e42ep+6"))  # 88.72283172607422
+# below this exp rounds to +0 (exp(-104) < 2^-150, half the smallest subnormal)
+EXP_LO = F32(float.fromhex("-0x1.a00000p+6"))  # -104.0
+
+
+def pow2(n: np.ndarray) -> np.ndarray:
+    """2**n as float32, built from the exponent bits; n must be int32 in [-126, 127]."""
+    return ((np.asarray(n, dtype=np.int32) + 127) << 23).astype(np.uint32).view(F32)
+
+
+def exp(x: np.ndarray) -> np.ndarray:
+    """The contract's float32 exp, elementwise, any shape (docs/numerics.md, "exp").
+
+    exp(-inf) = +0, exp(+inf) = +inf, NaN -> the same NaN, x > EXP_HI -> +inf,
+    x < EXP_LO -> +0; subnormal results are rounded once, correctly, from the polynomial.
+    """
+    x = np.asarray(x, dtype=F32)
+    # compute on x clamped to [EXP_LO, EXP_HI] (0 for NaN); special results are selected at the end
+    xc = np.where(np.isnan(x), F32(0), np.minimum(np.maximum(x, EXP_LO), EXP_HI))
+    kf = np.rint(xc * LOG2E)  # round half to even; kf in [-150, 128]
+    r = (xc - kf * LN2_HI) - kf * LN2_LO  # |r| <= ~0.3466
+    p = np.full_like(r, EXP_POLY[0])
+    for c in EXP_POLY[1:]:
+        p = p * r
+        p = p + c
+    # scale by 2^k in two exact power-of-two steps: the first is always exact (normal result),
+    # the second rounds once, and only when the result is subnormal
+    k = kf.astype(np.int32)
+    k1 = k >> 1  # floor(k / 2), in [-75, 64]
+    y = (p * pow2(k1)) * pow2(k - k1)
+    y = np.where(x > EXP_HI, F32(np.inf), y)
+    y = np.where(x < EXP_LO, F32(0), y)
+    return np.where(np.isnan(x), x, y)

@@ -1,0 +1,190 @@
+"""kv_write and attention: the chunked two-pass contract bit for bit against a scalar loop,
+float64 softmax within a stated bound, batch invariance, chunk boundaries and GQA."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from parity.backends.cpu import ops
+from parity.numerics import exp
+
+F32 = np.float32
+U = 2.0**-24
+
+
+def tree(values: list[np.float32]) -> np.float32:
+    """A plain pairwise sum over a power-of-two list (the caller pads)."""
+    vals = list(values)
+    while len(vals) > 1:
+        vals = [F32(vals[i] + vals[i + 1]) for i in range(0, len(vals), 2)]
+    return vals[0]
+
+
+def chunked_sum(terms: list[np.float32], chunk: int = 256) -> np.float32:
+    """Pad to whole chunks with +0.0, tree each chunk, fold chunk sums left to right."""
+    n_chunks = (len(terms) - 1) // chunk + 1
+    slots = terms + [F32(0.0)] * (n_chunks * chunk - len(terms))
+    acc = tree(slots[:chunk])
+    for c in range(1, n_chunks):
+        acc = F32(acc + tree(slots[c * chunk : (c + 1) * chunk]))
+    return acc
+
+
+def attention_scalar(q, k, v, positions, *, n_head, n_head_kv, head_dim, scale) -> np.ndarray:
+    """The contract written as loops over numpy float32 scalars."""
+    d, rep = head_dim, n_head // n_head_kv
+    out = np.zeros_like(q)
+    for t, p in enumerate(positions):
+        for h in range(n_head):
+            g = h // rep
+            qh = q[t, h * d : (h + 1) * d]
+            s = []
+            for j in range(p + 1):
+                kj = k[j, g * d : (g + 1) * d]
+                s.append(F32(tree([F32(a * b) for a, b in zip(qh, kj, strict=True)]) * scale))
+            m = max(s)
+            e = [F32(exp(F32(sj - m))) for sj in s]
+            den = chunked_sum(e)
+            for i in range(d):
+                num = chunked_sum([F32(e[j] * v[j, g * d + i]) for j in range(p + 1)])
+                out[t, h * d + i] = F32(num / den)
+    return out
+
+
+def make(seed, n_ctx, n_head, n_head_kv, head_dim, n_tok, q_scale=1.0):
+    rng = np.random.default_rng(seed)
+    q = (rng.standard_normal((n_tok, n_head * head_dim)) * q_scale).astype(F32)
+    k = rng.standard_normal((n_ctx, n_head_kv * head_dim)).astype(F32)
+    v = rng.standard_normal((n_ctx, n_head_kv * head_dim)).astype(F32)
+    return q, k, v
+
+
+def test_attention_matches_scalar_loop_bitwise_across_chunk_boundaries() -> None:
+    kw = {"n_head": 4, "n_head_kv": 2, "head_dim": 4, "scale": float(F32(0.5))}
+    q, k, v = make(0, 520, 4, 2, 4, 7, q_scale=4.0)  # wide scores: some weights underflow
+    positions = np.array([0, 1, 255, 256, 257, 511, 512], dtype=np.int32)
+    k[513:], v[513:] = np.nan, np.inf  # rows no token may read
+    v[3, :] = -0.0
+    got = ops.attention(q, k, v, positions, **kw)
+    want = attention_scalar(q, k, v, positions, **kw)
+    assert got.tobytes() == want.tobytes()
+    assert np.all(np.isfinite(got))
+
+
+def softmax64(q, k, v, positions, *, n_head, n_head_kv, head_dim, scale):
+    d, rep = head_dim, n_head // n_head_kv
+    out = np.zeros(q.shape)
+    bound = np.zeros(q.shape)
+    for t, p in enumerate(positions):
+        for h in range(n_head):
+            g = h // rep
+            qh = q[t, h * d : (h + 1) * d].astype(np.float64)
+            kh = k[: p + 1, g * d : (g + 1) * d].astype(np.float64)
+            vh = v[: p + 1, g * d : (g + 1) * d].astype(np.float64)
+            s = kh @ qh * scale
+            w = np.exp(s - s.max())
+            out[t, h * d : (h + 1) * d] = w @ vh / w.sum()
+            # score error: product 0.5u, 6 tree levels, scale 0.5u (< 8u of scale*sum|q k|),
+            # plus the subtraction s - m (u |s - m|); each weight e_j/den sees it twice plus
+            # exp's 1.25u; the chunked sums add (8 levels + chunk folds + 1) u each
+            delta = 8 * U * scale * (np.abs(kh) @ np.abs(qh)).max() + U * np.ptp(s)
+            n_chunks = p // 256 + 1
+            rel = 2 * (2 * delta + 1.25 * U) + 2 * (10 + n_chunks) * U
+            bound[t, h * d : (h + 1) * d] = rel * np.abs(vh).max()
+    return out, bound
+
+
+@pytest.mark.parametrize("n_head, n_head_kv", [(9, 3), (14, 2)])
+def test_attention_within_stated_bound_of_float64_softmax(n_head: int, n_head_kv: int) -> None:
+    scale = float(F32(1 / np.sqrt(64.0)))
+    kw = {"n_head": n_head, "n_head_kv": n_head_kv, "head_dim": 64, "scale": scale}
+    q, k, v = make(1, 600, n_head, n_head_kv, 64, 6, q_scale=2.0)
+    positions = np.array([0, 100, 255, 256, 300, 599], dtype=np.int32)
+    got = ops.attention(q, k, v, positions, **kw).astype(np.float64)
+    want, bound = softmax64(q, k, v, positions, **kw)
+    assert np.all(np.abs(got - want) <= bound)
+
+
+def test_attention_is_batch_invariant_and_deterministic(monkeypatch) -> None:
+    kw = {"n_head": 14, "n_head_kv": 2, "head_dim": 64, "scale": 0.125}
+    q, k, v = make(2, 320, 14, 2, 64, 300)
+    positions = np.arange(300, dtype=np.int32)
+    batch = ops.attention(q, k, v, positions, **kw)
+    assert batch.tobytes() == ops.attention(q, k, v, positions, **kw).tobytes()
+    for t in (0, 100, 255, 256, 299):
+        alone = ops.attention(q[t : t + 1], k, v, positions[t : t + 1], **kw)
+        assert alone.tobytes() == batch[t : t + 1].tobytes()
+    # token chunking for memory changes nothing either
+    monkeypatch.setattr(ops, "_ATTENTION_TEMP_BYTES", 1 << 20)
+    assert ops.attention(q, k, v, positions, **kw).tobytes() == batch.tobytes()
+    # nor does the order tokens come in
+    rev = ops.attention(q[::-1].copy(), k, v, positions[::-1].copy(), **kw)
+    assert rev[::-1].tobytes() == batch.tobytes()
+
+
+def test_attention_padding_slots_are_plus_zero() -> None:
+    # every product e_j * -0.0 is -0.0; the +0.0 slots past p turn a partial chunk's sum into +0.0
+    kw = {"n_head": 1, "n_head_kv": 1, "head_dim": 2, "scale": 1.0}
+    q, k, v = make(3, 300, 1, 1, 2, 3)
+    v[:] = -0.0
+    out = ops.attention(q, k, v, np.array([0, 255, 256], dtype=np.int32), **kw)
+    assert out.tobytes() == np.array([[0.0] * 2, [-0.0] * 2, [0.0] * 2], F32).tobytes()
+
+
+def test_attention_gqa_head_mapping_and_uniform_rows() -> None:
+    # kv head g holds v = 2^g: scaling by a power of two is exact, so out = 2^g exactly
+    n_head, n_head_kv, d = 6, 3, 8
+    q, k, v = make(4, 40, n_head, n_head_kv, d, 2)
+    v = np.repeat(np.array([1.0, 2.0, 4.0], F32), d)[None, :].repeat(40, axis=0)
+    kw = {"n_head": n_head, "n_head_kv": n_head_kv, "head_dim": d, "scale": 0.25}
+    out = ops.attention(q, k, v, np.array([5, 39], np.int32), **kw)
+    heads = out.reshape(2, n_head, d)
+    assert np.all(heads == np.array([1, 1, 2, 2, 4, 4], F32)[None, :, None])
+    # all scores equal: weights 1, out = (p + 1) * 0.5 / (p + 1) = 0.5 exactly
+    out = ops.attention(
+        np.zeros_like(q), k, np.full_like(v, 0.5), np.array([0, 39], np.int32), **kw
+    )
+    assert np.all(out == 0.5)
+
+
+def test_attention_errors() -> None:
+    kw = {"n_head": 2, "n_head_kv": 1, "head_dim": 4, "scale": 0.5}
+    q, k, v = make(5, 10, 2, 1, 4, 2)
+    with pytest.raises(
+        ValueError, match=r"attention: position 10 is outside the caches' rows 0..9"
+    ):
+        ops.attention(q, k, v, np.array([0, 10], np.int32), **kw)
+    with pytest.raises(ValueError, match="attention: position -3 is outside"):
+        ops.attention(q, k, v, np.array([-3, 0], np.int32), **kw)
+    with pytest.raises(ValueError, match=r"attention: positions must be int32\[2\]"):
+        ops.attention(q, k, v, np.array([0], np.int32), **kw)
+    with pytest.raises(ValueError, match="must be a multiple of n_head_kv"):
+        ops.attention(q, k, v, np.array([0, 1], np.int32), **{**kw, "n_head_kv": 3})
+    with pytest.raises(ValueError, match=r"caches must both be \(n_ctx, 4\)"):
+        ops.attention(q, k, v[:, :2], np.array([0, 1], np.int32), **kw)
+    with pytest.raises(ValueError, match="q width 8 != n_head"):
+        ops.attention(q, k, v, np.array([0, 1], np.int32), **{**kw, "n_head": 4})
+    with pytest.raises(ValueError, match="scale must be exact in float32"):
+        ops.attention(q, k, v, np.array([0, 1], np.int32), **{**kw, "scale": 0.1})
+
+
+def test_kv_write_in_place() -> None:
+    cache = np.zeros((8, 4), F32)
+    rows = np.arange(8, dtype=F32).reshape(2, 4)
+    out = ops.kv_write(cache, rows, np.array([5, 2], np.int32))
+    assert out is cache
+    assert np.array_equal(cache[5], rows[0]) and np.array_equal(cache[2], rows[1])
+    assert np.count_nonzero(cache) == 7  # rows[0, 0] is 0.0; nothing else was touched
+
+
+def test_kv_write_errors() -> None:
+    cache = np.zeros((8, 4), F32)
+    rows = np.ones((2, 4), F32)
+    with pytest.raises(ValueError, match=r"kv_write: position 8 is outside the cache's rows 0..7"):
+        ops.kv_write(cache, rows, np.array([0, 8], np.int32))
+    with pytest.raises(ValueError, match="kv_write: positions must be distinct"):
+        ops.kv_write(cache, rows, np.array([3, 3], np.int32))
+    with pytest.raises(ValueError, match="kv_write: rows width 3 != cache width 4"):
+        ops.kv_write(cache, rows[:, :3], np.array([0, 1], np.int32))
+    assert not cache.any()  # a rejected write writes nothing
