@@ -1,0 +1,1 @@
+"""Model architectures as graphs, and synthetic models for tests and benchmarks."""

@@ -1,0 +1,125 @@
+"""The llama-family decoder (llama, qwen2) as a graph, built from a spec and GraphParams.
+
+Weight names follow GGUF (``blk.N.attn_q.weight``, ...). Two extra F32 weights, ``rope.cos``
+and ``rope.sin``, hold the host-computed RoPE tables every backend shares.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import attrs
+import numpy as np
+
+from parity.backends.cpu.rope import rope_tables
+from parity.core.builder import GraphBuilder, Ref
+from parity.core.dtypes import DType
+from parity.core.ir import AttentionArg, Graph, Op, RopeArg, SliceArg
+from parity.core.params import GraphParams
+from parity.core.weights import WeightData
+
+ROPE_MODES = {"llama": "normal", "qwen2": "neox"}
+
+
+@attrs.frozen
+class DecoderSpec:
+    """A decoder's hyperparameters and its weights' types and shapes (never their bytes)."""
+
+    arch: str
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_ctx_train: int
+    rope_base: float
+    rms_eps: float
+    n_rot: int = 0  # 0: head_dim
+    weights: tuple[tuple[str, DType, tuple[int, ...]], ...] = ()
+
+    @property
+    def rope_mode(self) -> str:
+        return ROPE_MODES[self.arch]
+
+    @property
+    def rot(self) -> int:
+        return self.n_rot or self.head_dim
+
+    def weight_table(self) -> dict[str, tuple[DType, tuple[int, ...]]]:
+        return {name: (dtype, shape) for name, dtype, shape in self.weights}
+
+    def with_weights(self, weights: Iterable[WeightData]) -> DecoderSpec:
+        return attrs.evolve(
+            self, weights=tuple(sorted((w.name, w.dtype, w.shape) for w in weights))
+        )
+
+
+def build_decoder(spec: DecoderSpec, params: GraphParams) -> Graph:
+    """The forward pass of ``params.n_tokens`` tokens at the positions given as input."""
+    if spec.arch not in ROPE_MODES:
+        raise ValueError(f"unknown architecture {spec.arch!r}; parity builds {list(ROPE_MODES)}")
+    table = spec.weight_table()
+    b = GraphBuilder()
+    n = params.n_tokens
+
+    def w(name: str) -> Ref:
+        if name not in table:
+            raise ValueError(f"the {spec.arch} graph needs weight {name!r}, which is missing")
+        dtype, shape = table[name]
+        return b.weight(name, dtype, shape)
+
+    def linear(x: Ref, name: str) -> Ref:
+        bias = f"{name}.bias"
+        srcs = (x, w(f"{name}.weight"), *((w(bias),) if bias in table else ()))
+        return b.op(Op.MATMUL, *srcs)
+
+    def norm(x: Ref, name: str) -> Ref:
+        return b.op(Op.MUL, b.op(Op.RMS_NORM, x, arg=spec.rms_eps), w(name))
+
+    tokens = b.input("tokens", DType.I32, (n,))
+    pos = b.input("positions", DType.I32, (n,))
+    cos, sin = w("rope.cos"), w("rope.sin")
+    kv_width = spec.n_head_kv * spec.head_dim
+    rope_q = RopeArg(spec.n_head, spec.head_dim, spec.rot, spec.rope_mode)
+    rope_k = RopeArg(spec.n_head_kv, spec.head_dim, spec.rot, spec.rope_mode)
+    scale = float(np.float32(1.0 / math.sqrt(spec.head_dim)))
+    attn = AttentionArg(spec.n_head, spec.n_head_kv, spec.head_dim, scale)
+
+    x = b.op(Op.GET_ROWS, w("token_embd.weight"), tokens)  # (n, n_embd)
+    for il in range(spec.n_layer):
+        blk = f"blk.{il}"
+        h = norm(x, f"{blk}.attn_norm.weight")
+        q = b.op(Op.ROPE, linear(h, f"{blk}.attn_q"), pos, cos, sin, arg=rope_q)
+        k = b.op(Op.ROPE, linear(h, f"{blk}.attn_k"), pos, cos, sin, arg=rope_k)
+        v = linear(h, f"{blk}.attn_v")  # (n, n_head_kv * head_dim)
+        k_cache = b.op(Op.KV_WRITE, b.state(f"cache.k.{il}", (params.n_ctx, kv_width)), k, pos)
+        v_cache = b.op(Op.KV_WRITE, b.state(f"cache.v.{il}", (params.n_ctx, kv_width)), v, pos)
+        a = b.op(Op.ATTENTION, q, k_cache, v_cache, pos, arg=attn)  # (n, n_head * head_dim)
+        x = b.op(Op.ADD, x, linear(a, f"{blk}.attn_output"))
+        h = norm(x, f"{blk}.ffn_norm.weight")
+        ff = b.op(Op.SWIGLU, linear(h, f"{blk}.ffn_gate"), linear(h, f"{blk}.ffn_up"))
+        x = b.op(Op.ADD, x, linear(ff, f"{blk}.ffn_down"))
+    if params.n_out < n:  # only the last n_out rows reach the head
+        x = b.op(Op.SLICE_ROWS, x, arg=SliceArg(n - params.n_out, params.n_out))
+    x = norm(x, "output_norm.weight")
+    head = "output" if "output.weight" in table else "token_embd"  # tied embeddings
+    logits = linear(x, head)  # (n_out, n_vocab)
+    return b.build(b.op(Op.ARGMAX, logits) if params.output == "argmax" else logits)
+
+
+def rope_weights(spec: DecoderSpec) -> list[WeightData]:
+    """The host-computed RoPE tables as the two F32 weights the graph reads."""
+    cos, sin = rope_tables(spec.n_ctx_train, spec.rot, spec.rope_base)
+    return [
+        WeightData(name, DType.F32, table.shape, table)
+        for name, table in (("rope.cos", cos), ("rope.sin", sin))
+    ]
+
+
+def graph_inputs(tokens: np.ndarray, start: int) -> Mapping[str, np.ndarray]:
+    """Inputs for tokens placed at consecutive positions from ``start``."""
+    tokens = np.asarray(tokens, dtype=np.int32)
+    return {"tokens": tokens, "positions": np.arange(start, start + len(tokens), dtype=np.int32)}

@@ -1,0 +1,126 @@
+"""Synthetic models: real layouts, random weights. For tests and for GPU benchmarks that must
+not move real weights ("synthetic twins")."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from parity.core.dtypes import DType
+from parity.core.weights import WeightData
+from parity.models.decoder import DecoderSpec, rope_weights
+from parity.quant.synthetic import random_weight
+
+
+# layer weight -> (dtype, rows, cols) as functions of the spec
+def _layer_tensors(spec: DecoderSpec, types: dict[str, DType]) -> dict[str, tuple]:
+    e, kv, f = spec.n_embd, spec.n_head_kv * spec.head_dim, spec.n_ff
+    q = spec.n_head * spec.head_dim
+    tensors = {
+        "attn_norm.weight": (DType.F32, (e,)),
+        "attn_q.weight": (types["attn"], (q, e)),
+        "attn_k.weight": (types["attn"], (kv, e)),
+        "attn_v.weight": (types["attn_v"], (kv, e)),
+        "attn_output.weight": (types["attn"], (e, q)),
+        "ffn_norm.weight": (DType.F32, (e,)),
+        "ffn_gate.weight": (types["ffn"], (f, e)),
+        "ffn_up.weight": (types["ffn"], (f, e)),
+        "ffn_down.weight": (types["ffn_down"], (e, f)),
+    }
+    if spec.arch == "qwen2":
+        tensors |= {
+            f"attn_{x}.bias": (DType.F32, (n,)) for x, n in (("q", q), ("k", kv), ("v", kv))
+        }
+    return tensors
+
+
+# the quant mixes of the real models (SmolLM2 Q4_1; Qwen2.5 Q4_K_M)
+QUANT_MIXES = {
+    "llama": {
+        "attn": DType.Q4_1,
+        "attn_v": DType.Q4_1,
+        "ffn": DType.Q4_1,
+        "ffn_down": DType.Q4_1,
+        "embd": DType.Q8_0,
+        "output": None,
+    },
+    "qwen2": {
+        "attn": DType.Q4_K,
+        "attn_v": DType.Q6_K,
+        "ffn": DType.Q4_K,
+        "ffn_down": DType.Q6_K,
+        "embd": DType.Q8_0,
+        "output": DType.Q6_K,
+    },
+}
+
+
+def synthetic_model(
+    spec: DecoderSpec, seed: int = 0, types: dict[str, DType | None] | None = None
+) -> tuple[DecoderSpec, dict[str, WeightData]]:
+    """Random weights in ``spec``'s layout; ``types`` overrides the arch's quant mix.
+    ``types["output"] = None`` ties the output projection to the token embedding."""
+    types = {**QUANT_MIXES[spec.arch], **(types or {})}
+    rng = np.random.default_rng(seed)
+    e = spec.n_embd
+    tensors: dict[str, tuple] = {"token_embd.weight": (types["embd"], (spec.n_vocab, e))}
+    for il in range(spec.n_layer):
+        for name, t in _layer_tensors(spec, types).items():
+            tensors[f"blk.{il}.{name}"] = t
+    tensors["output_norm.weight"] = (DType.F32, (e,))
+    if types["output"] is not None:
+        tensors["output.weight"] = (types["output"], (spec.n_vocab, e))
+    weights = {}
+    for name, (dtype, shape) in tensors.items():
+        if name.endswith("norm.weight"):  # norms near 1, as trained models have them
+            data = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+            weights[name] = WeightData(name, dtype, shape, data)
+        else:
+            data = random_weight(dtype, shape, rng, std=0.5 / np.sqrt(shape[-1]))
+            weights[name] = WeightData(name, dtype, shape, data)
+    for w in rope_weights(spec):
+        weights[w.name] = w
+    return spec.with_weights(weights.values()), weights
+
+
+def tiny_spec(arch: str = "llama", **overrides: object) -> DecoderSpec:
+    """A small decoder with the real models' head_dim and GQA, fast enough for unit tests."""
+    base = dict(
+        arch=arch,
+        n_vocab=512,
+        n_embd=256,
+        n_layer=2,
+        n_head=4,
+        n_head_kv=2,
+        head_dim=64,
+        n_ff=512,
+        n_ctx_train=1024,
+        rope_base=100000.0 if arch == "llama" else 1000000.0,
+        rms_eps=float(np.float32(1e-5 if arch == "llama" else 1e-6)),
+    )
+    return DecoderSpec(**(base | overrides))
+
+
+# the real models' shapes, for synthetic twins in benchmarks (weights are random)
+REAL_SPECS = {
+    "smollm2-135m": DecoderSpec(
+        arch="llama", n_vocab=49152, n_embd=576, n_layer=30, n_head=9, n_head_kv=3,
+        head_dim=64, n_ff=1536, n_ctx_train=8192, rope_base=100000.0,
+        rms_eps=float(np.float32(1e-5)),
+    ),
+    "qwen2.5-coder-0.5b": DecoderSpec(
+        arch="qwen2", n_vocab=151936, n_embd=896, n_layer=24, n_head=14, n_head_kv=2,
+        head_dim=64, n_ff=4864, n_ctx_train=32768, rope_base=1000000.0,
+        rms_eps=float(np.float32(1e-6)),
+    ),
+}  # fmt: skip
+# Q4_K_M where rows of 896 cannot hold 256-blocks: llama.cpp falls back to Q5_0 / Q8_0
+REAL_MIXES = {
+    "smollm2-135m": QUANT_MIXES["llama"],
+    "qwen2.5-coder-0.5b": {"attn": DType.Q5_0, "attn_v": DType.Q8_0, "ffn": DType.Q5_0,
+                           "ffn_down": DType.Q6_K, "embd": DType.Q8_0, "output": None},
+}  # fmt: skip
+
+
+def synthetic_twin(name: str, seed: int = 0) -> tuple[DecoderSpec, dict[str, WeightData]]:
+    """A real model's shapes and quant mix with random weights."""
+    return synthetic_model(REAL_SPECS[name], seed=seed, types=REAL_MIXES[name])

@@ -1,0 +1,180 @@
+"""The plugin system: inline plugins, entry points, broken plugins isolated, PARITY_PLUGINS."""
+
+from __future__ import annotations
+
+import textwrap
+import warnings
+
+import pluggy
+import pytest
+
+from parity.backends.cpu.backend import CpuBackend
+from parity.core.hookspecs import hookimpl
+from parity.core.plugins import (
+    PluginWarning,
+    collect_backends,
+    load_backends,
+    plugin_filter,
+    plugin_manager,
+)
+from parity.errors import PluginError
+
+
+class InlineBackend(CpuBackend):
+    name = "inline"
+
+
+class InlinePlugin:
+    @hookimpl
+    def parity_register_backends(self, register):
+        register(InlineBackend)
+
+
+@pytest.fixture
+def pm():
+    manager, broken = plugin_manager(env={"PARITY_PLUGINS": "cpu"})
+    assert broken == {}
+    return manager
+
+
+@pytest.fixture
+def inline_plugin(pm):
+    pm.register(InlinePlugin(), name="inline-plugin")
+    try:
+        yield pm
+    finally:
+        pm.unregister(name="inline-plugin")
+
+
+def test_builtin_cpu_registers_through_the_hook(pm):
+    registry = collect_backends(pm)
+    assert registry.backends == {"cpu": CpuBackend} and registry.owners["cpu"] == "cpu"
+
+
+def test_inline_plugin_registers_and_unregisters(inline_plugin):
+    registry = collect_backends(inline_plugin)
+    assert registry.backends["inline"] is InlineBackend
+    assert registry.owners["inline"] == "inline-plugin"
+
+
+def test_bad_hook_signature_is_refused(pm):
+    class BadPlugin:
+        @hookimpl
+        def parity_register_backends(self, register, device):  # 'device' is no hook argument
+            pass
+
+    with pytest.raises(pluggy.PluginValidationError):
+        pm.register(BadPlugin(), name="bad")
+
+
+@pytest.mark.parametrize(
+    "offered, message",
+    [
+        (object, "not a subclass"),
+        (type("Nameless", (CpuBackend,), {"name": ""}), "has no backend name"),
+        (type("Old", (CpuBackend,), {"name": "old", "api_version": 0}), "plugin API version 0"),
+        (type("Twin", (CpuBackend,), {"name": "cpu"}), "already registered by plugin 'cpu'"),
+    ],
+)
+def test_bad_registrations_mark_only_that_plugin_broken(pm, offered, message):
+    class Plugin:
+        @hookimpl
+        def parity_register_backends(self, register):
+            register(offered)
+
+    pm.register(Plugin(), name="faulty")
+    try:
+        with pytest.warns(PluginWarning, match="'faulty' is broken"):
+            registry = collect_backends(pm)
+    finally:
+        pm.unregister(name="faulty")
+    assert message in registry.broken["faulty"]
+    assert "cpu" in registry.backends
+
+
+def test_plugin_that_raises_while_registering(pm):
+    class Plugin:
+        @hookimpl
+        def parity_register_backends(self, register):
+            raise RuntimeError("no driver")
+
+    pm.register(Plugin(), name="raises")
+    try:
+        with pytest.warns(PluginWarning, match="PARITY_PLUGINS=-raises"):
+            registry = collect_backends(pm)
+    finally:
+        pm.unregister(name="raises")
+    assert registry.broken == {"raises": "failed to register: RuntimeError: no driver"}
+    assert set(registry.backends) == {"cpu"}
+
+
+@pytest.fixture
+def entry_points_on_path(tmp_path, monkeypatch):
+    """Install fake distributions with ``parity`` entry points into a temporary sys.path dir."""
+    modules = {
+        "ptest_good": """
+            from parity.backends.cpu.backend import CpuBackend
+            from parity.core.hookspecs import hookimpl
+
+            class GoodBackend(CpuBackend):
+                name = "good"
+
+            @hookimpl
+            def parity_register_backends(register):
+                register(GoodBackend)
+        """,
+        "ptest_import_error": "raise ImportError('needs libfoo.so')\n",
+        "ptest_bad_hook": """
+            from parity.core.hookspecs import hookimpl
+
+            @hookimpl
+            def parity_register_backends(register, extra):
+                pass
+        """,
+    }
+    for name, body in modules.items():
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+        monkeypatch.delitem(__import__("sys").modules, name, raising=False)
+    dist = tmp_path / "ptest_plugins-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ptest-plugins\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        "[parity]\ngood = ptest_good\nmissing = ptest_not_there\n"
+        "importerror = ptest_import_error\nbadhook = ptest_bad_hook\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_broken_entry_points_are_isolated(entry_points_on_path):
+    with pytest.warns(PluginWarning) as caught:
+        registry = load_backends(env={})
+    assert set(registry.backends) == {"cpu", "good"}
+    assert set(registry.broken) == {"missing", "importerror", "badhook"}
+    assert "ModuleNotFoundError" in registry.broken["missing"]
+    assert "needs libfoo.so" in registry.broken["importerror"]
+    assert registry.broken["badhook"].startswith("rejected: PluginValidationError")
+    assert len(caught) == 3 and all("is broken and was skipped" in str(w.message) for w in caught)
+    # the working plugin's backend runs
+    assert registry.get("good").available().ok
+
+
+def test_parity_plugins_limits_what_loads(entry_points_on_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no broken plugin may even be imported
+        only = load_backends(env={"PARITY_PLUGINS": "cpu,good"})
+        assert set(only.backends) == {"cpu", "good"} and not only.broken
+        rest = load_backends(env={"PARITY_PLUGINS": "-missing,-importerror,-badhook"})
+        assert set(rest.backends) == {"cpu", "good"} and not rest.broken
+
+
+def test_plugin_filter_parsing():
+    assert plugin_filter(None) == (None, set())
+    assert plugin_filter("cpu, jax") == ({"cpu", "jax"}, set())
+    assert plugin_filter("-jax,-cuda") == (None, {"jax", "cuda"})
+
+
+def test_unknown_backend_names_the_installed_ones(pm):
+    registry = collect_backends(pm)
+    registry.broken["jax"] = "failed to import"
+    with pytest.raises(PluginError, match=r"unknown backend 'cuda'; installed backends: cpu .*jax"):
+        registry.get("cuda")
