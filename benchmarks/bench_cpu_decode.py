@@ -20,7 +20,7 @@ from parity.backends.cpu.backend import CpuBackend
 from parity.core.backend import Device
 from parity.core.params import GraphParams
 from parity.core.runtime import Runtime
-from parity.models.decoder import build_decoder, graph_inputs
+from parity.models.decoder import DecoderGraphs, graph_inputs
 from parity.models.synthetic import REAL_SPECS, synthetic_twin
 
 
@@ -30,18 +30,19 @@ def bench(name: str, prompt: int, steps: int, n_ctx: int) -> dict:
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, spec.n_vocab, prompt + steps + 2, dtype=np.int32)
 
+    graphs = DecoderGraphs(spec)
     t0 = time.perf_counter()
-    warm = build_decoder(spec, GraphParams(n_tokens=1, n_ctx=n_ctx, output="argmax"))
+    warm = graphs(GraphParams(n_tokens=1, n_ctx=n_ctx, output="argmax"))
     runtime.run(warm, graph_inputs(tokens[:1], 0))  # unpacks every weight once
     first_use_s = time.perf_counter() - t0
     runtime.reset()
 
-    pre = build_decoder(spec, GraphParams(n_tokens=prompt, n_ctx=n_ctx, output="argmax"))
+    pre = graphs(GraphParams(n_tokens=prompt, n_ctx=n_ctx, output="argmax"))
     t0 = time.perf_counter()
     runtime.run(pre, graph_inputs(tokens[:prompt], 0))
     prefill_s = time.perf_counter() - t0
 
-    step = build_decoder(spec, GraphParams(n_tokens=1, n_ctx=n_ctx, output="argmax"))
+    step = graphs(GraphParams(n_tokens=1, n_ctx=n_ctx, output="argmax"))
     times = []
     for i in range(steps):
         pos = prompt + i

@@ -11,7 +11,7 @@ from parity.core.dump import format_graph, to_dot
 from parity.core.ir import AttentionArg, Graph, Node, Op, RopeArg, SliceArg, verify
 from parity.core.params import GraphParams
 from parity.errors import GraphError
-from parity.models.decoder import build_decoder
+from parity.models.decoder import DecoderGraphs, build_decoder
 from parity.models.synthetic import synthetic_model, tiny_spec
 
 F32, I32 = DType.F32, DType.I32
@@ -124,6 +124,13 @@ def test_graph_cache_builds_once_per_key(llama):
     cache.get((llama, p3), lambda: build(p3))  # evicts p1, the least recently used
     cache.get((llama, p1), lambda: build(p1))
     assert built == [p1, p2, p3, p1] and cache.hits == 1
+
+
+def test_decoder_graphs_reuse_built_graphs(llama):
+    graphs = DecoderGraphs(llama)
+    p = GraphParams(n_tokens=1, n_ctx=16)
+    assert graphs(p) is graphs(p) and graphs.cache.misses == 1
+    assert graphs(GraphParams(n_tokens=2, n_ctx=16)) is not graphs(p)
 
 
 def test_dumps():

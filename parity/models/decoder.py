@@ -13,7 +13,7 @@ import attrs
 import numpy as np
 
 from parity.backends.cpu.rope import rope_tables
-from parity.core.builder import GraphBuilder, Ref
+from parity.core.builder import GraphBuilder, GraphCache, Ref
 from parity.core.dtypes import DType
 from parity.core.ir import AttentionArg, Graph, Op, RopeArg, SliceArg
 from parity.core.params import GraphParams
@@ -108,6 +108,17 @@ def build_decoder(spec: DecoderSpec, params: GraphParams) -> Graph:
     head = "output" if "output.weight" in table else "token_embd"  # tied embeddings
     logits = linear(x, head)  # (n_out, n_vocab)
     return b.build(b.op(Op.ARGMAX, logits) if params.output == "argmax" else logits)
+
+
+class DecoderGraphs:
+    """One spec's graphs, built once per GraphParams and then reused from the cache."""
+
+    def __init__(self, spec: DecoderSpec, capacity: int = 32) -> None:
+        self.spec = spec
+        self.cache = GraphCache(capacity)
+
+    def __call__(self, params: GraphParams) -> Graph:
+        return self.cache.get(params, lambda: build_decoder(self.spec, params))
 
 
 def rope_weights(spec: DecoderSpec) -> list[WeightData]:
