@@ -42,6 +42,9 @@ def test_diff_arrays():
     d = diff_arrays(7, "ADD", a, b)
     assert (d.n_diff, d.max_ulp, d.identical) == (1, 1.0, False) and 0 < d.nmse < 1e-14
     assert diff_arrays(0, "ARGMAX", np.array([1, 2]), np.array([1, 3])).n_diff == 1
+    # signed zeros are part of the contract: a differing sign is a difference, at 0 ULP
+    zeros = diff_arrays(0, "ADD", f32(0.0, np.nan), f32(-0.0, np.nan))
+    assert (zeros.n_diff, zeros.max_ulp, zeros.identical) == (1, 0.0, False)
     with pytest.raises(ValueError, match="shapes differ"):
         diff_arrays(0, "ADD", a, a[:2])
 

@@ -35,6 +35,7 @@ def test_precedence_argument_env_file_default(cwd):
     assert (c.backend, c.numerics, c.strict) == ("fromenv", "fast", True)
     assert c.source == {
         "backend": "environment",
+        "device": "default",
         "numerics": str(cwd / "parity.toml"),
         "strict": str(cwd / "parity.toml"),
     }
@@ -69,6 +70,12 @@ def test_bad_files(cwd, text, message):
     write(cwd / "parity.toml", text)
     with pytest.raises(ConfigError, match=message):
         load_config(env={}, cwd=cwd)
+
+
+def test_empty_environment_variables_count_as_unset(cwd):
+    write(cwd / "parity.toml", 'backend = "fromfile"\nstrict = true\n')
+    c = load_config(env={"PARITY_BACKEND": "", "PARITY_STRICT": ""}, cwd=cwd)
+    assert (c.backend, c.strict) == ("fromfile", True)
 
 
 def test_bad_environment(cwd):
@@ -108,6 +115,16 @@ def test_auto_picks_highest_score_per_device(registry):
     assert choice.cls is FakeGpu and choice.device.index == 1
     backends = make_backends(Config(), registry)
     assert [b.name for b in backends] == ["fakegpu", "cpu"]  # cpu stays as the fallback
+
+
+def test_device_selection(registry, cwd):
+    assert choose_backend(Config(backend="fakegpu", device=0), registry).device.index == 0
+    assert choose_backend(Config(device=0), registry).device.id == "fakegpu:0"
+    with pytest.raises(ConfigError, match=r"has no device 5 \(it has fakegpu:0, fakegpu:1\)"):
+        choose_backend(Config(backend="fakegpu", device=5, source={"device": "argument"}), registry)
+    assert load_config(env={"PARITY_DEVICE": "1"}, cwd=cwd).device == 1
+    with pytest.raises(ConfigError, match="device must be a device index"):
+        load_config(env={"PARITY_DEVICE": "cuda:1"}, cwd=cwd)
 
 
 def test_auto_without_gpu_falls_to_cpu(registry):

@@ -173,6 +173,11 @@ def _replace(i, **changes):
         (_graph(_nodes(), outputs=(9,)), "output %9 is not a node"),
         (_graph([*_nodes(), Node(Op.INPUT, I32, (1,), (), "late")]), "graph head"),
         (_replace(4, arg=SliceArg(0, 1)), None),  # MATMUL ignores arg: still valid
+        (_graph([*_nodes()[:5], "not a node"]), "not a Node, got str"),
+        (_graph(_nodes(), outputs=(5, 5)), "name a node twice"),
+        (_graph(_nodes(), outputs=(1,)), "is a leaf"),
+        (_replace(0, shape=(-3,)), "must be positive integers"),
+        (_replace(0, dtype=DType.Q4_0), r"\(INPUT\): cannot be Q4_0"),
     ],
 )
 def test_verify_rejects(graph, message):
@@ -193,6 +198,10 @@ def test_verify_rejects_bad_attention_and_state_use():
     kc = b.op(Op.KV_WRITE, cache, k, pos)
     with pytest.raises(GraphError, match="n_head must be a multiple"):
         b.op(Op.ATTENTION, q, kc, kc, pos, arg=AttentionArg(2, 3, 64, 0.125))
+    with pytest.raises(GraphError, match="n_head must be a multiple of n_head_kv >= 1"):
+        b.op(Op.ATTENTION, q, kc, kc, pos, arg=AttentionArg(2, 0, 64, 0.125))
+    with pytest.raises(GraphError, match="scale must be exactly representable"):
+        b.op(Op.ATTENTION, q, kc, kc, pos, arg=AttentionArg(2, 1, 64, 0.1))
     with pytest.raises(GraphError, match="k and v must be KV_WRITE"):
         b.op(Op.ATTENTION, q, k, k, pos, arg=AttentionArg(2, 1, 64, 0.125))
     with pytest.raises(GraphError, match="unknown mode"):

@@ -74,13 +74,15 @@ def test_bad_hook_signature_is_refused(pm):
         (type("Nameless", (CpuBackend,), {"name": ""}), "has no backend name"),
         (type("Old", (CpuBackend,), {"name": "old", "api_version": 0}), "plugin API version 0"),
         (type("Twin", (CpuBackend,), {"name": "cpu"}), "already registered by plugin 'cpu'"),
+        ((InlineBackend, InlineBackend), "registers two backends named 'inline'"),
     ],
 )
 def test_bad_registrations_mark_only_that_plugin_broken(pm, offered, message):
     class Plugin:
         @hookimpl
         def parity_register_backends(self, register):
-            register(offered)
+            for cls in offered if isinstance(offered, tuple) else (offered,):
+                register(cls)
 
     pm.register(Plugin(), name="faulty")
     try:
@@ -124,6 +126,13 @@ def entry_points_on_path(tmp_path, monkeypatch):
                 register(GoodBackend)
         """,
         "ptest_import_error": "raise ImportError('needs libfoo.so')\n",
+        "ptest_typo": """
+            from parity.core.hookspecs import hookimpl
+
+            @hookimpl
+            def parity_register_backend(register):  # the hook is parity_register_backends
+                pass
+        """,
         "ptest_bad_hook": """
             from parity.core.hookspecs import hookimpl
 
@@ -140,7 +149,7 @@ def entry_points_on_path(tmp_path, monkeypatch):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ptest-plugins\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(
         "[parity]\ngood = ptest_good\nmissing = ptest_not_there\n"
-        "importerror = ptest_import_error\nbadhook = ptest_bad_hook\n"
+        "importerror = ptest_import_error\nbadhook = ptest_bad_hook\ntypo = ptest_typo\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
 
@@ -149,11 +158,12 @@ def test_broken_entry_points_are_isolated(entry_points_on_path):
     with pytest.warns(PluginWarning) as caught:
         registry = load_backends(env={})
     assert set(registry.backends) == {"cpu", "good"}
-    assert set(registry.broken) == {"missing", "importerror", "badhook"}
+    assert set(registry.broken) == {"missing", "importerror", "badhook", "typo"}
     assert "ModuleNotFoundError" in registry.broken["missing"]
     assert "needs libfoo.so" in registry.broken["importerror"]
     assert registry.broken["badhook"].startswith("rejected: PluginValidationError")
-    assert len(caught) == 3 and all("is broken and was skipped" in str(w.message) for w in caught)
+    assert "parity_register_backend" in registry.broken["typo"]
+    assert len(caught) == 4 and all("is broken and was skipped" in str(w.message) for w in caught)
     # the working plugin's backend runs
     assert registry.get("good").available().ok
 
@@ -161,10 +171,11 @@ def test_broken_entry_points_are_isolated(entry_points_on_path):
 def test_parity_plugins_limits_what_loads(entry_points_on_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no broken plugin may even be imported
-        only = load_backends(env={"PARITY_PLUGINS": "cpu,good"})
-        assert set(only.backends) == {"cpu", "good"} and not only.broken
-        rest = load_backends(env={"PARITY_PLUGINS": "-missing,-importerror,-badhook"})
+        only = load_backends(env={"PARITY_PLUGINS": "good"})
+        assert set(only.backends) == {"cpu", "good"} and not only.broken  # cpu always loads
+        rest = load_backends(env={"PARITY_PLUGINS": "-missing,-importerror,-badhook,-typo"})
         assert set(rest.backends) == {"cpu", "good"} and not rest.broken
+        assert set(load_backends(env={"PARITY_PLUGINS": "good,-cpu"}).backends) == {"cpu", "good"}
 
 
 def test_plugin_filter_parsing():

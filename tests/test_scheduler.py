@@ -15,7 +15,7 @@ from parity.core.ir import Op
 from parity.core.params import GraphParams
 from parity.core.runtime import Runtime
 from parity.core.scheduler import schedule
-from parity.errors import BackendError, SchedulingError
+from parity.errors import BackendError, GraphError, SchedulingError
 from parity.models.decoder import build_decoder, graph_inputs
 from parity.models.synthetic import synthetic_model, tiny_spec
 
@@ -36,9 +36,9 @@ class PartialBackend(CpuBackend):
     def load_weight(self, weight):
         self.loaded.append(weight.name)
 
-    def upload(self, host):
+    def upload(self, buffer, host):
         self.uploads += 1
-        return super().upload(host)
+        super().upload(buffer, host)
 
     def download(self, buffer, out):
         self.downloads += 1
@@ -76,11 +76,15 @@ def test_fallback_placement_splits_and_reasons(model):
     for i, node in enumerate(g):
         if node.op.is_leaf and node.op is not Op.STATE:
             assert plan.placements[i] is None
-        elif node.op is Op.STATE:
-            assert plan.backend_of(i) == "partial"  # lives with its KV_WRITE
+        elif node.op in (Op.STATE, Op.KV_WRITE):
+            # partial could write the cache, but its reader ATTENTION runs on cpu: the cache
+            # stays with its reader instead of crossing backends every step
+            assert plan.backend_of(i) == "cpu"
         else:
             want = "partial" if node.op in PartialBackend.claimed else "cpu"
             assert plan.backend_of(i) == want, node.op
+    kv = next(i for i, n in enumerate(g) if n.op is Op.KV_WRITE)
+    assert "with its readers" in plan.placements[kv].reason
     rope = next(i for i, n in enumerate(g) if n.op is Op.ROPE)
     assert plan.placements[rope].fallback
     assert "partial has no kernel for ROPE" in plan.placements[rope].reason
@@ -225,4 +229,151 @@ def test_backend_without_capture_says_why(model):
         rt.run(g, graph_inputs(TOKENS[p : p + 1], p))
     assert rt.capture_status(g) == ["cpu does not capture graphs"]
     off = Runtime([cpu()], weights, capture=False)
+    off.run(g, graph_inputs(TOKENS[:1], 0))
     assert off.capture_status(g) == ["capture is off"]
+
+
+class GraphLikeBackend(CpuBackend):
+    """Models a CUDA graph: a captured executable replays on the buffers it saw at capture
+    time and writes its outputs into the same buffers every replay."""
+
+    name = "graphlike"
+
+    def __init__(self, broken_replay=False):
+        super().__init__(Device("graphlike"))
+        self.broken_replay = broken_replay
+        self.released = 0
+
+    def supports_op(self, node, srcs):
+        return True
+
+    def capture(self, exe):
+        return CaptureResult(executable={"exe": exe, "recorded": None, "outputs": None})
+
+    def execute(self, exe, inputs):
+        if not isinstance(exe, dict):
+            return super().execute(exe, inputs)
+        if exe["recorded"] is None:
+            exe["recorded"] = dict(inputs)  # the addresses baked into the graph
+        assert all(inputs[i] is exe["recorded"][i] for i in inputs), "input buffer moved"
+        fresh = super().execute(exe["exe"], exe["recorded"])
+        if exe["outputs"] is None:
+            exe["outputs"] = {i: np.empty_like(v) for i, v in fresh.items()}
+        for i, v in fresh.items():
+            exe["outputs"][i][...] = v + np.float32(1) if self.broken_replay else v
+        return exe["outputs"]
+
+    def release(self, exe):
+        self.released += 1
+
+
+def decode_steps(runtime, spec, n=6):
+    g = build_decoder(spec, GraphParams(n_tokens=1, n_ctx=32))
+    tokens = np.arange(n, dtype=np.int32) * 7 % spec.n_vocab
+    return g, [runtime.run(g, graph_inputs(tokens[p : p + 1], p))[g.outputs[0]].copy()
+               for p in range(n)]  # fmt: skip
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_captured_replay_sees_stable_buffers(model, verify):
+    spec, weights = model
+    _, want = decode_steps(Runtime([cpu()], weights), spec)
+    rt = Runtime([GraphLikeBackend()], weights, verify_capture=verify)
+    g, got = decode_steps(rt, spec)
+    assert rt.capture_status(g) == [""]
+    assert [a.tobytes() for a in got] == [b.tobytes() for b in want]
+
+
+def test_bad_replay_is_caught_and_the_step_stays_correct(model):
+    spec, weights = model
+    _, want = decode_steps(Runtime([cpu()], weights), spec)
+    backend = GraphLikeBackend(broken_replay=True)
+    rt = Runtime([backend], weights, verify_capture=True)
+    g, got = decode_steps(rt, spec)
+    assert "captured replay differs from eager" in rt.capture_status(g)[0]
+    assert backend.released == 1
+    assert [a.tobytes() for a in got] == [b.tobytes() for b in want]
+
+
+def test_reset_keeps_state_buffers_and_zeroes_them(model):
+    spec, weights = model
+    rt = Runtime([cpu()], weights)
+    decode_steps(rt, spec, n=2)
+    before = {name: s.buffers["cpu"] for name, s in rt.states.items()}
+    assert any(b.any() for b in before.values())
+    rt.reset()
+    assert all(rt.states[n].buffers["cpu"] is b and not b.any() for n, b in before.items())
+
+
+def test_state_size_mismatch_is_explained(model):
+    spec, weights = model
+    rt = Runtime([cpu()], weights)
+    small = build_decoder(spec, GraphParams(n_tokens=1, n_ctx=16))
+    rt.run(small, graph_inputs(TOKENS[:1], 0))
+    big = build_decoder(spec, GraphParams(n_tokens=1, n_ctx=64))
+    with pytest.raises(BackendError, match="must share n_ctx; call clear_states"):
+        rt.run(big, graph_inputs(TOKENS[:1], 1))
+    rt.clear_states()
+    rt.run(big, graph_inputs(TOKENS[:1], 0))
+
+
+def test_expose_only_computed_nodes(model):
+    spec, weights = model
+    g = prefill(spec)
+    rt = Runtime([cpu()], weights)
+    weight = next(iter(g.leaves(Op.WEIGHT).values()))
+    for bad in (weight, len(g.nodes)):
+        with pytest.raises(GraphError, match=f"cannot expose %{bad}"):
+            rt.run(g, graph_inputs(TOKENS, 0), expose=[bad])
+
+
+def test_integer_inputs_must_fit(model):
+    spec, weights = model
+    g = prefill(spec)
+    tokens = TOKENS.astype(np.int64)
+    tokens[0] = 2**32 + 3  # would wrap to token 3
+    with pytest.raises(BackendError, match="outside the int32 range"):
+        Runtime([cpu()], weights).run(g, {"tokens": tokens, "positions": np.arange(5)})
+
+
+def test_plans_are_evicted_and_released(model):
+    spec, weights = model
+    backend = GraphLikeBackend()
+    rt = Runtime([backend], weights, max_plans=2)
+    for n in (1, 2, 3):
+        g = build_decoder(spec, GraphParams(n_tokens=n, n_ctx=32))
+        rt.run(g, graph_inputs(TOKENS[:n], 0))
+    assert len(rt._prepared) == 2 and backend.released == 1
+
+
+def test_one_backend_instance_serves_one_model(model):
+    spec, weights = model
+    _, other = synthetic_model(tiny_spec("qwen2"), seed=99)
+    shared = cpu()
+    g = prefill(spec)
+    Runtime([shared], weights).run(g, graph_inputs(TOKENS, 0))
+    Runtime([shared], weights).run(g, graph_inputs(TOKENS, 0))  # same weights: fine
+    with pytest.raises(ValueError, match="serves one model"):
+        Runtime([shared], other).run(g, graph_inputs(TOKENS, 0))
+
+
+class FastOnlyMatmul(CpuBackend):
+    name = "fastmm"
+    numerics_modes = ("exact", "fast")
+
+    def op_numerics(self, node, srcs):
+        return "fast" if node.op is Op.MATMUL else "exact"
+
+
+def test_exact_numerics_refuses_fast_only_ops(model):
+    spec, _ = model
+    g = prefill(spec)
+    exact = schedule(g, [FastOnlyMatmul(Device("fastmm")), cpu()])
+    mm = next(i for i, n in enumerate(g) if n.op is Op.MATMUL)
+    assert exact.backend_of(mm) == "cpu"
+    assert "computes MATMUL only in fast numerics" in exact.placements[mm].reason
+    fast = schedule(g, [FastOnlyMatmul(Device("fastmm"), numerics="fast"), cpu()])
+    assert fast.backend_of(mm) == "fastmm" and fast.placements[mm].numerics == "fast"
+    exact_only = type("ExactOnly", (CpuBackend,), {"name": "x", "numerics_modes": ("exact",)})
+    with pytest.raises(ValueError, match="offers numerics exact, not 'fast'"):
+        exact_only(Device("x"), numerics="fast")

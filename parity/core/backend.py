@@ -9,9 +9,20 @@ Life of a graph on a backend::
 
     register_weight(w) ...            once per weight, idempotent; uploaded once
     exe = prepare(split)              once per (graph, split): kernels chosen, buffers planned
-    outs = execute(exe, inputs)       every step; inputs and outputs are backend Buffers
-    download(outs[i], host_array)     readback into a caller-provided host buffer
-    capture(exe)                      (optional) record exe for cheap replay
+    upload(slot, host)                per step, into buffers the runtime allocated once
+    outs = execute(exe, inputs)       per step; inputs and outputs are backend Buffers
+    download(outs[i], host_array)     readback into a caller-provided host array
+    capture(exe)                      (optional) record exe for replay (CUDA graphs)
+    release(exe)                      (optional) when the runtime evicts a plan
+
+Stable buffers: for one executable the runtime passes the same buffer objects on every call
+(it refills its own input slots in place and keeps state buffers for the runtime's life), and
+values produced by an earlier split are the buffers that split returned. A backend whose
+``execute`` returns the same output buffers every call (as a captured graph does) therefore
+gets fully stable inputs downstream, which is what makes a captured replay valid.
+
+Idempotence: running a split twice on the same inputs gives the same outputs and leaves states
+as one run does (KV_WRITE rewrites the same rows). Capture verification relies on it.
 
 Buffers are whatever the backend uses for device memory (a numpy array on cpu, a torch tensor on
 a GPU); the core only passes them back to the backend that made them.
@@ -102,8 +113,11 @@ class Backend:
         numerics: str = "exact",
         options: Mapping[str, Any] | None = None,
     ) -> None:
-        if numerics not in NUMERICS:
-            raise ValueError(f"numerics must be one of {NUMERICS}, got {numerics!r}")
+        if numerics not in self.numerics_modes:
+            raise ValueError(
+                f"backend {self.name!r} offers numerics {', '.join(self.numerics_modes)}, "
+                f"not {numerics!r}; pick one of those"
+            )
         self.device = device
         self.numerics = numerics
         self.options = dict(options or {})
@@ -127,7 +141,7 @@ class Backend:
     # -- required ---------------------------------------------------------------------------
 
     def supports_op(self, node: Node, srcs: Sequence[Node]) -> bool:
-        """Can this backend run ``node`` (whose sources are ``srcs``) under ``self.numerics``?"""
+        """Can this backend run ``node`` (whose sources are ``srcs``) at all?"""
         raise NotImplementedError("need supports_op")
 
     def load_weight(self, weight: WeightData) -> None:
@@ -138,12 +152,13 @@ class Backend:
         """A zero-filled buffer on this backend's device."""
         raise NotImplementedError("need alloc")
 
-    def upload(self, host: np.ndarray) -> Buffer:
-        """A device buffer holding a copy of ``host``."""
+    def upload(self, buffer: Buffer, host: np.ndarray) -> None:
+        """Copy ``host`` into the existing ``buffer`` (same dtype and shape)."""
         raise NotImplementedError("need upload")
 
     def download(self, buffer: Buffer, out: np.ndarray) -> None:
-        """Copy ``buffer`` into the caller's host array ``out`` (same dtype and shape)."""
+        """Copy ``buffer`` into the caller's host array ``out`` (same dtype and shape); the
+        data is in ``out`` when this returns."""
         raise NotImplementedError("need download")
 
     def prepare(self, split: Split) -> Any:
@@ -157,9 +172,23 @@ class Backend:
 
     # -- optional ---------------------------------------------------------------------------
 
+    def op_numerics(self, node: Node, srcs: Sequence[Node]) -> str:
+        # (optional) "exact" or "fast": how this backend would compute a node it supports.
+        # Under numerics = "exact" the scheduler gives a node only to an exact backend.
+        return "exact"
+
     def why_unsupported(self, node: Node, srcs: Sequence[Node]) -> str:
         # (optional) a precise reason for the explain plan when supports_op says no
         return f"{self.name} has no kernel for {node.op.name} on {describe_sources(srcs)}"
+
+    def alloc_host(self, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+        # (optional) a host array for staging this backend's transfers (pinned on a GPU)
+        return np.empty(shape, dtype)
+
+    def copy_from(self, dst: Buffer, src: Buffer, source: Backend) -> bool:
+        # (optional) copy another backend's buffer into ``dst`` without a host round trip
+        # (e.g. two backends sharing one GPU); False makes the runtime go through the host
+        return False
 
     def synchronize(self) -> None:
         # (optional) wait for queued device work; eager backends have none
@@ -169,6 +198,10 @@ class Backend:
         # (optional) record an executable for replay (CUDA graphs); say why when you cannot
         return CaptureResult(reason=f"{self.name} does not capture graphs")
 
+    def release(self, executable: Any) -> None:
+        # (optional) free what prepare/capture allocated for an executable the runtime evicts
+        return None
+
     def close(self) -> None:
         # (optional) free device memory held by this instance
         self.weights.clear()
@@ -176,19 +209,24 @@ class Backend:
     # -- provided ---------------------------------------------------------------------------
 
     def register_weight(self, weight: WeightData) -> None:
-        """Idempotent: the first registration of a name loads it; later ones are no-ops, so a
-        rebuilt graph never copies or re-uploads a weight."""
+        """Idempotent: the first registration of a name loads it; registering the same weight
+        again is a no-op, so a rebuilt graph never copies or re-uploads a weight. A different
+        weight under a registered name is refused: a backend instance serves one model."""
         known = self.weights.get(weight.name)
-        if known is not None:
-            if (known.dtype, known.shape) != (weight.dtype, weight.shape):
-                raise ValueError(
-                    f"weight {weight.name!r} already registered on {self.name} as "
-                    f"{known.dtype.name}{list(known.shape)}, not {weight.dtype.name}"
-                    f"{list(weight.shape)}"
-                )
+        if known is None:
+            self.load_weight(weight)
+            self.weights[weight.name] = weight
             return
-        self.load_weight(weight)
-        self.weights[weight.name] = weight
+        if known is weight or (
+            (known.dtype, known.shape) == (weight.dtype, weight.shape)
+            and known.data.ctypes.data == weight.data.ctypes.data  # the same mapped bytes
+        ):
+            return
+        raise ValueError(
+            f"{self.name} already holds a different weight named {weight.name!r} "
+            f"({known.dtype.name}{list(known.shape)}); a backend instance serves one model, "
+            "so create new backend instances for another model"
+        )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.device.id} numerics={self.numerics}>"

@@ -41,7 +41,7 @@ class NodeDiff:
     op: str
     shape: tuple[int, ...]
     n_elements: int
-    n_diff: int  # elements whose bits differ (NaN == NaN)
+    n_diff: int  # elements whose bits differ (-0.0 != +0.0; any NaN == any NaN)
     max_ulp: float  # inf when one side is NaN; 0 for integer outputs that agree
     nmse: float  # sum((a-b)^2) / sum(a^2), in float64; 0 when identical
 
@@ -54,8 +54,11 @@ def diff_arrays(node: int, op: str, a: np.ndarray, b: np.ndarray) -> NodeDiff:
     if a.shape != b.shape:
         raise ValueError(f"node %{node} {op}: shapes differ, {a.shape} vs {b.shape}")
     if a.dtype.kind == "f":
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        b = np.ascontiguousarray(b, dtype=np.float32)
         ulp = ulp_distance(a, b)
-        n_diff = int(np.count_nonzero(ulp))
+        differ = (a.view(np.int32) != b.view(np.int32)) & ~(np.isnan(a) & np.isnan(b))
+        n_diff = int(np.count_nonzero(differ))
         max_ulp = float(ulp.max()) if ulp.size else 0.0
         a64, b64 = a.astype(np.float64), b.astype(np.float64)
         finite = np.isfinite(a64) & np.isfinite(b64)

@@ -3,14 +3,17 @@
 Precedence, highest first (each layer overrides only the keys it sets):
 
 1. explicit arguments (``parity.load(..., backend="cuda")``, CLI flags)
-2. environment: ``PARITY_BACKEND``, ``PARITY_NUMERICS``, ``PARITY_STRICT``
+2. environment: ``PARITY_BACKEND``, ``PARITY_DEVICE``, ``PARITY_NUMERICS``, ``PARITY_STRICT``
+   (an empty variable counts as unset)
 3. the config file: ``$PARITY_CONFIG`` if set, else ``./parity.toml`` if present, else
    ``$XDG_CONFIG_HOME/parity/config.toml`` (``~/.config/parity/config.toml``)
-4. defaults: ``backend = "auto"``, ``numerics = "exact"``, ``strict = false``
+4. defaults: ``backend = "auto"``, no device (the backend's first, or the best under auto),
+   ``numerics = "exact"``, ``strict = false``
 
 The file looks like::
 
     backend = "cuda"        # a backend name, or "auto"
+    device = 1              # which of the backend's devices (cuda:1); omit for the default
     numerics = "exact"      # or "fast"
     strict = false          # true: any fallback to another backend is an error
 
@@ -35,12 +38,14 @@ from parity.core.plugins import Registry
 from parity.errors import ConfigError
 
 AUTO = "auto"
+KEYS = ("backend", "device", "numerics", "strict")
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
 
 @attrs.frozen
 class Config:
     backend: str = AUTO
+    device: int | None = None
     numerics: str = "exact"
     strict: bool = False
     backend_options: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict, eq=False)
@@ -65,11 +70,11 @@ def _read_file(path: Path) -> dict[str, Any]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise ConfigError(f"cannot read config file {path}: {e}") from None
-    unknown = set(data) - {"backend", "numerics", "strict", "backends"}
+    unknown = set(data) - {*KEYS, "backends"}
     if unknown:
         raise ConfigError(
             f"{path}: unknown key(s) {', '.join(sorted(unknown))}; "
-            "known: backend, numerics, strict, [backends.NAME]"
+            f"known: {', '.join(KEYS)}, [backends.NAME]"
         )
     options = data.get("backends", {})
     if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
@@ -87,9 +92,20 @@ def _env_bool(name: str, value: str) -> bool:
     raise ConfigError(f"{name}={value!r}: use 1/0, true/false, yes/no or on/off")
 
 
+def _device(value: Any, where: str) -> int:
+    try:
+        index = int(value)
+    except (TypeError, ValueError):
+        index = -1
+    if isinstance(value, bool) or index < 0:
+        raise ConfigError(f"device must be a device index (0, 1, ...), got {value!r} ({where})")
+    return index
+
+
 def load_config(
     *,
     backend: str | None = None,
+    device: int | None = None,
     numerics: str | None = None,
     strict: bool | None = None,
     path: str | Path | None = None,
@@ -102,23 +118,23 @@ def load_config(
     layers: list[tuple[str, dict[str, Any]]] = []
     if file_path is not None:
         layers.append((str(file_path), _read_file(file_path)))
-    from_env: dict[str, Any] = {}
-    if env.get("PARITY_BACKEND"):
-        from_env["backend"] = env["PARITY_BACKEND"]
-    if env.get("PARITY_NUMERICS"):
-        from_env["numerics"] = env["PARITY_NUMERICS"]
-    if "PARITY_STRICT" in env:
-        from_env["strict"] = _env_bool("PARITY_STRICT", env["PARITY_STRICT"])
+    from_env: dict[str, Any] = {
+        key: env[f"PARITY_{key.upper()}"] for key in KEYS if env.get(f"PARITY_{key.upper()}")
+    }
+    if "strict" in from_env:
+        from_env["strict"] = _env_bool("PARITY_STRICT", from_env["strict"])
     layers.append(("environment", from_env))
-    explicit = {"backend": backend, "numerics": numerics, "strict": strict}
+    explicit = {"backend": backend, "device": device, "numerics": numerics, "strict": strict}
     layers.append(("argument", {k: v for k, v in explicit.items() if v is not None}))
 
-    values: dict[str, Any] = {"backend": AUTO, "numerics": "exact", "strict": False}
+    values: dict[str, Any] = {"backend": AUTO, "device": None, "numerics": "exact", "strict": False}
     source = dict.fromkeys(values, "default")
     for where, layer in layers:
-        for key in ("backend", "numerics", "strict"):
+        for key in KEYS:
             if key in layer:
                 values[key], source[key] = layer[key], where
+    if values["device"] is not None:
+        values["device"] = _device(values["device"], source["device"])
     if not isinstance(values["backend"], str) or not values["backend"]:
         raise ConfigError(f"backend must be a backend name or 'auto' (from {source['backend']})")
     if values["numerics"] not in NUMERICS:
@@ -127,7 +143,14 @@ def load_config(
             f"(from {source['numerics']})"
         )
     options = layers[0][1].get("backends", {}) if file_path is not None else {}
-    return Config(values["backend"], values["numerics"], bool(values["strict"]), options, source)
+    return Config(
+        values["backend"],
+        values["device"],
+        values["numerics"],
+        bool(values["strict"]),
+        options,
+        source,
+    )
 
 
 @attrs.frozen
@@ -154,9 +177,7 @@ def choose_backend(config: Config, registry: Registry) -> Choice:
                 f"with --backend / PARITY_BACKEND, or use 'auto'"
             )
         _check_numerics(cls, config.numerics)
-        devices = cls.devices()
-        if not devices:
-            raise ConfigError(f"backend {cls.name!r} reports no devices")
+        devices = _pick_devices(cls, config)
         return Choice(cls, devices[0], f"{cls.name} requested ({config.source.get('backend')})")
     candidates: list[tuple[int, int, type[Backend], Device]] = []
     skipped = []
@@ -168,7 +189,10 @@ def choose_backend(config: Config, registry: Registry) -> Choice:
         if config.numerics not in cls.numerics_modes:
             skipped.append(f"{cls.name}: no {config.numerics} numerics")
             continue
-        candidates += [(cls.score(d), -order, cls, d) for d in cls.devices()]
+        if config.device is not None and config.device >= len(cls.devices()):
+            skipped.append(f"{cls.name}: no device {config.device}")
+            continue
+        candidates += [(cls.score(d), -order, cls, d) for d in _pick_devices(cls, config)]
     if not candidates:
         raise ConfigError(f"no backend is available: {'; '.join(skipped) or 'none installed'}")
     score, _, cls, device = max(candidates, key=lambda c: c[:2])
@@ -176,11 +200,26 @@ def choose_backend(config: Config, registry: Registry) -> Choice:
     return Choice(cls, device, why + (f" (skipped {'; '.join(skipped)})" if skipped else ""))
 
 
+def _pick_devices(cls: type[Backend], config: Config) -> list[Device]:
+    devices = cls.devices()
+    if not devices:
+        raise ConfigError(f"backend {cls.name!r} reports no devices here; choose another")
+    if config.device is None:
+        return devices
+    if config.device >= len(devices):
+        have = ", ".join(d.id for d in devices)
+        raise ConfigError(
+            f"backend {cls.name!r} has no device {config.device} (it has {have}); "
+            f"fix device (from {config.source.get('device')})"
+        )
+    return [devices[config.device]]
+
+
 def _check_numerics(cls: type[Backend], numerics: str) -> None:
     if numerics not in cls.numerics_modes:
         raise ConfigError(
             f"backend {cls.name!r} offers numerics {', '.join(cls.numerics_modes)}, "
-            f"not {numerics!r}"
+            f"not {numerics!r}; set numerics to one of those or choose another backend"
         )
 
 

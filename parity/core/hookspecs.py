@@ -1,5 +1,7 @@
 """The hooks a parity plugin implements. Built-in backends use them exactly as outside
-packages do, through the ``parity`` entry-point group (see docs/writing-a-backend.md)."""
+packages do; an outside package points an entry point in the ``parity`` group at the module
+or object that implements them. What a backend class must provide is
+``parity.core.backend.Backend``."""
 
 from __future__ import annotations
 
@@ -19,5 +21,6 @@ def parity_register_backends(register: Callable[[type], None]) -> None:
     each subclass of ``parity.core.backend.Backend`` the plugin provides. Registering must be
     cheap: import nothing heavy and touch no device (do that in ``available`` and the
     constructor). A class whose ``api_version`` differs from the runtime's plugin API version,
-    or whose ``name`` is taken, is refused and the plugin is reported as broken. Returns nothing.
+    or whose ``name`` is taken, is refused, and then the whole plugin is reported as broken and
+    none of its classes register. Returns nothing.
     """

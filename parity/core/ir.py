@@ -246,7 +246,16 @@ def infer(op: Op, srcs: Sequence[Node], arg: Any) -> tuple[DType, tuple[int, ...
         _rows(op, q, "q")
         _need(isinstance(arg, AttentionArg), op, "arg must be an AttentionArg")
         _need(k.op is Op.KV_WRITE and v.op is Op.KV_WRITE, op, "k and v must be KV_WRITE results")
-        _need(arg.n_head % arg.n_head_kv == 0, op, "n_head must be a multiple of n_head_kv")
+        _need(
+            arg.n_head_kv >= 1 and arg.n_head % arg.n_head_kv == 0,
+            op,
+            "n_head must be a multiple of n_head_kv >= 1",
+        )
+        _need(
+            float(np.float32(arg.scale)) == arg.scale,
+            op,
+            "scale must be exactly representable in float32",
+        )
         _need(q.shape[1] == arg.n_head * arg.head_dim, op, "q width != n_head * head_dim")
         kv_width = arg.n_head_kv * arg.head_dim
         _need(
@@ -261,20 +270,33 @@ def infer(op: Op, srcs: Sequence[Node], arg: Any) -> tuple[DType, tuple[int, ...
     raise GraphError(f"no signature for {op.name}")
 
 
+# the element types each kind of leaf may have
+LEAF_TYPES = {
+    Op.INPUT: (DType.F32, DType.I32),
+    Op.WEIGHT: WEIGHT_TYPES,
+    Op.STATE: (DType.F32,),
+}
+
+
 def verify(graph: Graph) -> None:
     """Check single assignment, topological order, leaves at the head, every node's type and
-    shape, unique leaf names and outputs; raise GraphError naming the first bad node."""
+    shape, unique leaf names, and outputs that are distinct computed nodes; raise GraphError
+    naming the first bad node."""
     seen: dict[tuple[Op, str], int] = {}
     head = True
     for i, node in enumerate(graph.nodes):
+        if not isinstance(node, Node) or not isinstance(node.op, Op):
+            raise GraphError(f"node %{i}: not a Node, got {type(node).__name__}")
         where = f"node %{i} ({node.op.name})"
-        if not isinstance(node, Node):
-            raise GraphError(f"{where}: not a Node")
+        if not all(isinstance(d, int) and d >= 1 for d in node.shape):
+            raise GraphError(f"{where}: shape {node.shape} must be positive integers")
         if node.op.is_leaf:
             if not head:
                 raise GraphError(f"{where}: leaves must precede computed nodes (graph head)")
             if node.src or not isinstance(node.arg, str) or not node.arg:
                 raise GraphError(f"{where}: a leaf has no sources and a non-empty name")
+            if node.dtype not in LEAF_TYPES[node.op]:
+                raise GraphError(f"{where}: cannot be {node.dtype.name}")
             if (node.op, node.arg) in seen:
                 raise GraphError(f"{where}: {node.op.name} {node.arg!r} declared twice")
             seen[node.op, node.arg] = i
@@ -292,13 +314,16 @@ def verify(graph: Graph) -> None:
                 f"{where}: declared {node.dtype.name}{list(node.shape)}, "
                 f"its sources give {dtype.name}{list(shape)}"
             )
-    states = graph.leaves(Op.STATE).values()
     users = graph.consumers()
-    for s in states:
+    for s in graph.leaves(Op.STATE).values():
         if [graph.nodes[u].op for u in users[s]] != [Op.KV_WRITE]:
             raise GraphError(f"node %{s}: a STATE must be read by exactly one KV_WRITE")
     if not graph.outputs:
         raise GraphError("graph has no outputs")
+    if len(set(graph.outputs)) != len(graph.outputs):
+        raise GraphError(f"outputs {list(graph.outputs)} name a node twice")
     for o in graph.outputs:
         if not 0 <= o < len(graph.nodes):
             raise GraphError(f"output %{o} is not a node")
+        if graph.nodes[o].op.is_leaf:
+            raise GraphError(f"output %{o} is a leaf; outputs are computed nodes")

@@ -1,8 +1,10 @@
 """The plugin manager: hookspecs, the ``parity`` entry-point group, the built-in backends.
 
-``PARITY_PLUGINS`` limits what loads: ``cpu,jax`` loads only those plugins; ``-jax`` (or
-``-jax,-other``) loads everything else. A plugin that fails to import or register is reported
-by name and skipped; every other backend keeps working.
+``PARITY_PLUGINS`` limits which installed plugins load: ``jax`` loads only that one; ``-jax``
+(or ``-jax,-other``) loads all but those. The built-in backends always load: ``cpu`` is the
+oracle and the fallback every runtime needs. A plugin that fails to import, declares a hook
+parity does not have, or fails to register is reported by name and skipped; every other
+backend keeps working.
 """
 
 from __future__ import annotations
@@ -53,32 +55,36 @@ def plugin_filter(value: str | None) -> tuple[set[str] | None, set[str]]:
     return (include or None), exclude
 
 
-def plugin_manager(env: Mapping[str, str] | None = None) -> tuple[pluggy.PluginManager, dict]:
-    """Create the manager, add hookspecs, register the defaults and the entry points that
-    ``PARITY_PLUGINS`` allows. Returns it and the plugins that failed to import."""
+def plugin_manager(
+    env: Mapping[str, str] | None = None,
+) -> tuple[pluggy.PluginManager, dict[str, str]]:
+    """Create the manager, add hookspecs, register the built-ins and the entry points that
+    ``PARITY_PLUGINS`` allows. Returns it and the plugins that failed to load, with why."""
     env = os.environ if env is None else env
     include, exclude = plugin_filter(env.get(ENV_VAR))
     pm = pluggy.PluginManager("parity")
     pm.add_hookspecs(hookspecs)
     broken: dict[str, str] = {}
-    candidates = [(n, m, importlib.import_module) for n, m in DEFAULT_PLUGINS.items()]
-    candidates += [
-        (ep.name, ep.value, lambda _v, ep=ep: ep.load())
-        for ep in entry_points(group=ENTRY_POINT_GROUP)
-    ]
-    for name, target, load in candidates:
+    for name, target in DEFAULT_PLUGINS.items():
+        pm.register(importlib.import_module(target), name=name)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        name = ep.name
         if (include is not None and name not in include) or name in exclude:
             continue
         if pm.has_plugin(name):
+            broken.setdefault(name, f"another plugin already uses the name {name!r}")
             continue
         try:
-            module = load(target)
+            module = ep.load()
         except Exception as e:  # a broken plugin must not take the others down
-            broken[name] = f"failed to import {target}: {type(e).__name__}: {e}"
+            broken[name] = f"failed to import {ep.value}: {type(e).__name__}: {e}"
             continue
         try:
             pm.register(module, name=name)
-        except Exception as e:  # PluginValidationError: a hook with a bad signature
+            pm.check_pending()  # a misspelled hook would otherwise be ignored silently
+        except Exception as e:  # PluginValidationError: bad signature or unknown hook
+            if pm.has_plugin(name):
+                pm.unregister(name=name)
             broken[name] = f"rejected: {type(e).__name__}: {e}"
     return pm, broken
 
@@ -93,8 +99,11 @@ def collect_backends(pm: pluggy.PluginManager, broken: Mapping[str, str] = ()) -
         try:
             hook_args = {"register": offered.append}
             impl.function(*(hook_args[a] for a in impl.argnames))
+            names = [getattr(cls, "name", None) for cls in offered]
             for cls in offered:
                 _check_backend_class(cls, registry)
+                if names.count(cls.name) > 1:
+                    raise PluginError(f"registers two backends named {cls.name!r}")
         except Exception as e:
             registry.broken[plugin] = f"failed to register: {type(e).__name__}: {e}"
             continue

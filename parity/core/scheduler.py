@@ -4,9 +4,14 @@ Backends are tried in priority order (the chosen backend first, ``cpu`` last); a
 the first whose ``supports_op`` accepts it. The scheduler never branches on backend names.
 Anything that is not the first choice is a fallback, which ``strict`` turns into an error.
 
+Under ``numerics = "exact"`` a backend gets a node only if it computes it exactly
+(``op_numerics``); under ``"fast"`` any supporting backend will do.
+
 A split is a maximal run of consecutive computed nodes on one backend. Leaves belong to no
 split: INPUTs are uploaded to each backend that reads them, WEIGHTs are registered on each
-backend that reads them, and a STATE lives on the backend of its one KV_WRITE.
+backend that reads them, and a STATE lives on the backend of its one KV_WRITE, which runs
+where the cache's readers run whenever that backend supports it (so a cache never crosses
+backends every step).
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ from collections.abc import Sequence
 import attrs
 
 from parity.core.backend import Backend, Split
-from parity.core.ir import Graph, Op
-from parity.errors import SchedulingError
+from parity.core.ir import Graph, Node, Op
+from parity.errors import GraphError, SchedulingError
 
 HOST = "host"  # where INPUT leaves start
 
@@ -29,6 +34,7 @@ class Placement:
     backend: str
     reason: str
     fallback: bool = False
+    numerics: str = "exact"  # how the backend computes this node
 
 
 @attrs.frozen
@@ -108,10 +114,20 @@ class Plan:
         )
 
 
+def _accepts(b: Backend, node: Node, srcs: list[Node]) -> tuple[str | None, str]:
+    """(the numerics b would use, or None if it cannot take the node; why not)."""
+    if not b.supports_op(node, srcs):
+        return None, b.why_unsupported(node, srcs)
+    mode = b.op_numerics(node, srcs)
+    if mode != "exact" and b.numerics == "exact":
+        return None, f"{b.name} computes {node.op.name} only in {mode} numerics"
+    return mode, ""
+
+
 def place(graph: Graph, backends: Sequence[Backend]) -> list[Placement | None]:
     """Choose a backend for every computed node and STATE leaf."""
     if not backends:
-        raise SchedulingError("no backends to schedule on")
+        raise SchedulingError("no backends to schedule on; pass at least the cpu backend")
     placements: list[Placement | None] = [None] * len(graph.nodes)
     first = backends[0].name
     for i, node in enumerate(graph.nodes):
@@ -120,15 +136,34 @@ def place(graph: Graph, backends: Sequence[Backend]) -> list[Placement | None]:
         srcs = [graph.nodes[s] for s in node.src]
         refusals = []
         for b in backends:
-            if b.supports_op(node, srcs):
+            mode, why_not = _accepts(b, node, srcs)
+            if mode is not None:
                 fallback = b.name != first
                 why = "; ".join(refusals) if fallback else f"{b.name} supports it"
-                placements[i] = Placement(b.name, why, fallback)
+                placements[i] = Placement(b.name, why, fallback, mode)
                 break
-            refusals.append(b.why_unsupported(node, srcs))
+            refusals.append(why_not)
         else:
-            raise SchedulingError(f"no backend can run %{i} {node.op.name}: {'; '.join(refusals)}")
+            raise SchedulingError(
+                f"no backend can run %{i} {node.op.name}: {'; '.join(refusals)}. "
+                "Install or enable a backend that supports it"
+            )
     users = graph.consumers()
+    by_name = {b.name: b for b in backends}
+    for i, node in enumerate(graph.nodes):
+        if node.op is not Op.KV_WRITE:
+            continue
+        readers = {placements[u].backend for u in users[i]}
+        here = placements[i].backend
+        if len(readers) == 1 and here not in readers:
+            (there,) = readers
+            srcs = [graph.nodes[s] for s in node.src]
+            mode, _ = _accepts(by_name[there], node, srcs)
+            if mode is not None:
+                placements[i] = Placement(
+                    there, f"with its readers, so the cache stays on {there}",
+                    there != first, mode,
+                )  # fmt: skip
     for s in graph.leaves(Op.STATE).values():
         (writer,) = users[s]  # verify() guarantees one KV_WRITE per STATE
         p = placements[writer]
@@ -145,6 +180,9 @@ def schedule(
 ) -> Plan:
     """Plan ``graph`` over ``backends`` (priority order). ``expose`` lists extra node ids whose
     values must be read back (the oracle comparison exposes every node)."""
+    for i in expose:
+        if not (0 <= i < len(graph.nodes)) or graph.nodes[i].op.is_leaf:
+            raise GraphError(f"cannot expose %{i}: only computed nodes have values to read back")
     placements = place(graph, backends)
     fallbacks = [i for i, p in enumerate(placements) if p is not None and p.fallback]
     if strict and fallbacks:

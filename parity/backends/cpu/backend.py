@@ -16,17 +16,21 @@ from parity import quant
 from parity.backends.cpu import ops
 from parity.core.backend import Availability, Backend, Device, Split
 from parity.core.dtypes import DType, numpy_dtype
-from parity.core.ir import Node, Op
+from parity.core.ir import AttentionArg, Node, Op, RopeArg
 from parity.core.weights import WeightData
 
 
-def _rope(x, pos, cos, sin, *, arg):
+def _rope(
+    x: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, arg: RopeArg
+) -> np.ndarray:
     return ops.rope(
         x, pos, cos, sin, n_head=arg.n_head, head_dim=arg.head_dim, n_rot=arg.n_rot, mode=arg.mode
     )
 
 
-def _attention(q, k, v, pos, *, arg):
+def _attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, pos: np.ndarray, *, arg: AttentionArg
+) -> np.ndarray:
     return ops.attention(
         q,
         k,
@@ -109,8 +113,8 @@ class CpuBackend(Backend):
     def alloc(self, dtype: DType, shape: tuple[int, ...]) -> np.ndarray:
         return np.zeros(shape, numpy_dtype(dtype))
 
-    def upload(self, host: np.ndarray) -> np.ndarray:
-        return np.array(host, copy=True)
+    def upload(self, buffer: np.ndarray, host: np.ndarray) -> None:
+        np.copyto(buffer, host, casting="no")
 
     def download(self, buffer: np.ndarray, out: np.ndarray) -> None:
         np.copyto(out, buffer, casting="no")
