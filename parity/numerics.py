@@ -74,21 +74,47 @@ def exp(x: np.ndarray) -> np.ndarray:
 
     exp(-inf) = +0, exp(+inf) = +inf, NaN -> the same NaN, x > EXP_HI -> +inf,
     x < EXP_LO -> +0; subnormal results are rounded once, correctly, from the polynomial.
+
+    Every line below is the listing's fl() in its order; the in-place forms (``r -= ...``)
+    only reuse buffers. When every x is inside [EXP_LO, EXP_HI] (the common case; a NaN fails
+    both comparisons) the clamp and the special-value selection are the identity and are
+    skipped.
     """
     x = np.asarray(x, dtype=F32)
+    if x.ndim == 0:
+        return exp(x.reshape(1)).reshape(())
+    plain = x.size == 0 or bool(x.min() >= EXP_LO and x.max() <= EXP_HI)
     # compute on x clamped to [EXP_LO, EXP_HI] (0 for NaN); special results are selected at the end
-    xc = np.where(np.isnan(x), F32(0), np.minimum(np.maximum(x, EXP_LO), EXP_HI))
+    xc = x if plain else np.where(np.isnan(x), F32(0), np.minimum(np.maximum(x, EXP_LO), EXP_HI))
     kf = np.rint(xc * LOG2E)  # round half to even; kf in [-150, 128]
-    r = (xc - kf * LN2_HI) - kf * LN2_LO  # |r| <= ~0.3466
-    p = np.full_like(r, EXP_POLY[0])
-    for c in EXP_POLY[1:]:
-        p = p * r
-        p = p + c
+    r = xc - kf * LN2_HI
+    r -= kf * LN2_LO  # |r| <= ~0.3466
+    p = r * EXP_POLY[0]  # Horner from C7: p = fl(C7 * r), then fl(p + C6), fl(p * r), ...
+    p += EXP_POLY[1]
+    for c in EXP_POLY[2:]:
+        p *= r
+        p += c
     # scale by 2^k in two exact power-of-two steps: the first is always exact (normal result),
     # the second rounds once, and only when the result is subnormal
-    k = kf.astype(np.int32)
-    k1 = k >> 1  # floor(k / 2), in [-75, 64]
-    y = (p * pow2(k1)) * pow2(k - k1)
-    y = np.where(x > EXP_HI, F32(np.inf), y)
+    k1 = kf.astype(np.int32)
+    k2 = k1.copy()
+    k1 >>= 1  # floor(k / 2), in [-75, 64]
+    k2 -= k1  # k - k1, in [-75, 64]
+    p *= _pow2_inplace(k1)
+    p *= _pow2_inplace(k2)
+    if plain:
+        return p
+    y = np.where(x > EXP_HI, F32(np.inf), p)
     y = np.where(x < EXP_LO, F32(0), y)
     return np.where(np.isnan(x), x, y)
+
+
+def _pow2_inplace(n: np.ndarray) -> np.ndarray:
+    """``pow2(n)`` for an int32 array n in [-126, 127], reusing n's buffer (n is consumed).
+
+    The biased exponent n + 127 is in [1, 254], so ``(n + 127) << 23`` is a positive int32 and
+    its bits are those of the float32 2**n.
+    """
+    n += 127
+    n <<= 23
+    return n.view(F32)

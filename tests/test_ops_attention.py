@@ -188,3 +188,142 @@ def test_kv_write_errors() -> None:
     with pytest.raises(ValueError, match="kv_write: rows width 3 != cache width 4"):
         ops.kv_write(cache, rows[:, :3], np.array([0, 1], np.int32))
     assert not cache.any()  # a rejected write writes nothing
+
+
+# --- the blocked attention against the previous straightforward vectorisation ------------------
+
+
+def attention_reference(q, k, v, positions, *, n_head, n_head_kv, head_dim, scale) -> np.ndarray:
+    """The oracle's earlier implementation, kept as a reference: every token scores the whole
+    span 0..256*nc-1 of the batch's largest chunk count nc, masks, and folds its own chunks."""
+    from parity.numerics import tree_sum
+
+    n_tok, g, d = q.shape[0], n_head_kv, head_dim
+    rep = n_head // n_head_kv
+    n_chunks = positions // 256 + 1
+    nc = int(n_chunks.max())
+    span = nc * 256
+    n = min(span, k.shape[0])
+    qh = q.reshape(n_tok, g, rep, d)
+    kh = k[:n].reshape(n, g, d)
+    vh = np.zeros((span, g, d), dtype=F32)
+    vh[:n] = v[:n].reshape(n, g, d)
+    valid = np.arange(span)[None, :] <= positions[:, None]
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        prod = qh.transpose(3, 0, 1, 2)[..., None] * kh.transpose(2, 1, 0)[:, None, :, None, :]
+        dot = tree_sum(prod, axis=0)
+        s = np.full((n_tok, g, rep, span), -np.inf, dtype=F32)
+        s[..., :n] = dot * F32(scale)
+        s = np.where(valid[:, None, None, :], s, F32(-np.inf))
+        m = s.max(axis=-1, keepdims=True)
+        e = exp(s - m)
+        e = np.where(valid[:, None, None, :], e, F32(0))
+        den_c = tree_sum(e.reshape(n_tok, g, rep, nc, 256), axis=-1)
+        pv = e.transpose(3, 0, 1, 2)[..., None] * vh[:, None, :, None, :]
+        np.copyto(pv, F32(0), where=~valid.T[:, :, None, None, None])
+        num_c = tree_sum(pv.reshape(nc, 256, n_tok, g, rep, d), axis=1)
+        den, num = den_c[..., 0], num_c[0]
+        for c in range(1, nc):
+            more = (c < n_chunks)[:, None, None]
+            den = np.where(more, den + den_c[..., c], den)
+            num = np.where(more[..., None], num + num_c[c], num)
+        out = num / den[..., None]
+    return out.reshape(n_tok, n_head * d)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bitwise equal, NaN positions compared instead of NaN bits (rule 4)."""
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    return bool(np.array_equal(nan_a, nan_b)) and a[~nan_a].tobytes() == b[~nan_b].tobytes()
+
+
+POSITION_SETS = {
+    "decode-0": [0],
+    "decode-1": [1],
+    "decode-50": [50],
+    "decode-255": [255],
+    "decode-256": [256],
+    "decode-257": [257],
+    "decode-511": [511],
+    "decode-512": [512],
+    "prefill-0-299": list(range(300)),
+    "chunk-boundary-250-262": list(range(250, 263)),
+    "shuffled-with-duplicates": [257, 3, 255, 256, 511, 0, 256, 512, 100, 3],
+}
+
+
+@pytest.mark.parametrize("name", sorted(POSITION_SETS))
+@pytest.mark.parametrize("n_head, n_head_kv, head_dim", [(9, 3, 64), (14, 2, 64), (4, 2, 6)])
+def test_attention_matches_reference_bitwise(name, n_head, n_head_kv, head_dim) -> None:
+    positions = np.array(POSITION_SETS[name], dtype=np.int32)
+    kw = {"n_head": n_head, "n_head_kv": n_head_kv, "head_dim": head_dim, "scale": 0.125}
+    q, k, v = make(6, 540, n_head, n_head_kv, head_dim, positions.size, q_scale=3.0)
+    v[7] = -0.0
+    k[int(positions.max()) + 1 :] = np.nan  # rows no token may read
+    v[int(positions.max()) + 1 :] = np.inf
+    got = ops.attention(q, k, v, positions, **kw)
+    assert same_bits(got, attention_reference(q, k, v, positions, **kw))
+
+
+@pytest.mark.parametrize("tile, temp", [(1, 64 << 20), (1 << 14, 1 << 15), (1 << 30, 1 << 30)])
+def test_attention_tiling_changes_nothing(monkeypatch, tile: int, temp: int) -> None:
+    # one token per block and one slot per score tile; several kv-head runs; one block per chunk
+    kw = {"n_head": 6, "n_head_kv": 3, "head_dim": 8, "scale": 0.25}
+    positions = np.array([0, 5, 255, 256, 257, 300, 511, 512, 513], dtype=np.int32)
+    q, k, v = make(7, 520, 6, 3, 8, positions.size, q_scale=2.0)
+    want = attention_reference(q, k, v, positions, **kw)
+    monkeypatch.setattr(ops, "_ATTENTION_TILE_BYTES", tile)
+    monkeypatch.setattr(ops, "_ATTENTION_TEMP_BYTES", temp)
+    assert ops.attention(q, k, v, positions, **kw).tobytes() == want.tobytes()
+
+
+def test_attention_hidden_real_rows_are_plus_zero(monkeypatch) -> None:
+    # tokens 256..511 in one block: row j > p is a real cache row for the block, but hidden for
+    # token p; v = -0.0 everywhere makes a -0.0 leak visible (the full 256-slot tail has no
+    # +0.0 padding to hide it), and inf/NaN rows inside the block's span must not leak either
+    monkeypatch.setattr(ops, "_ATTENTION_TILE_BYTES", 1 << 30)
+    kw = {"n_head": 2, "n_head_kv": 1, "head_dim": 2, "scale": 1.0}
+    positions = np.arange(256, 512, dtype=np.int32)
+    q, k, v = make(8, 512, 2, 1, 2, positions.size)
+    v[:] = -0.0
+    out = ops.attention(q, k, v, positions, **kw)
+    want = np.zeros_like(out)  # tail sums +0.0 (hidden slots), fold: -0.0 + (+0.0) = +0.0
+    want[-1] = -0.0  # position 511 sees every slot of chunk 1: all -0.0, so -0.0 + -0.0
+    assert out.tobytes() == want.tobytes()
+    assert out.tobytes() == attention_reference(q, k, v, positions, **kw).tobytes()
+    v = make(9, 512, 2, 1, 2, 1)[2]
+    v[400], k[450] = np.inf, np.nan
+    got = ops.attention(q, k, v, positions, **kw)
+    assert np.isfinite(got[: 400 - 256]).all()
+    assert same_bits(got, attention_reference(q, k, v, positions, **kw))
+
+
+def test_attention_special_values_match_reference() -> None:
+    # inf and NaN in q, k and v inside the span, -0.0 rows, scores that overflow to inf, rows
+    # whose scores are all -inf (m = -inf gives NaN) and weights that underflow to 0
+    kw = {"n_head": 4, "n_head_kv": 2, "head_dim": 4, "scale": 0.5}
+    positions = np.array([0, 1, 2, 40, 255, 256, 257, 300], dtype=np.int32)
+    q, k, v = make(10, 320, 4, 2, 4, positions.size, q_scale=30.0)
+    q[1, :4] = np.inf
+    q[2, 4:8] = np.nan
+    k[3, :] = 1e30  # q * k overflows
+    k[0, 4:] = -np.inf
+    v[5, :] = -0.0
+    v[260, :2] = np.inf
+    v[280, 2:] = np.nan
+    q[7, :] = -0.0
+    got = ops.attention(q, k, v, positions, **kw)
+    assert same_bits(got, attention_reference(q, k, v, positions, **kw))
+    assert np.isnan(got).any() and np.isfinite(got).any()
+
+
+def test_attention_small_cases_match_reference() -> None:
+    # head_dim not a power of two (padded dims), one dim, a single kv head, repeated positions
+    for n_head, n_head_kv, head_dim in [(3, 1, 3), (2, 2, 1), (4, 1, 5), (2, 1, 2)]:
+        kw = {"n_head": n_head, "n_head_kv": n_head_kv, "head_dim": head_dim, "scale": 0.5}
+        positions = np.array([6, 0, 3, 6], dtype=np.int32)
+        q, k, v = make(11, 12, n_head, n_head_kv, head_dim, positions.size, q_scale=3.0)
+        got = ops.attention(q, k, v, positions, **kw)
+        assert got.tobytes() == attention_reference(q, k, v, positions, **kw).tobytes()
+        if head_dim & (head_dim - 1) == 0:  # the scalar loop's tree wants a power of two
+            assert got.tobytes() == attention_scalar(q, k, v, positions, **kw).tobytes()

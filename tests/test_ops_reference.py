@@ -329,3 +329,25 @@ def test_matmul_adds_bias_with_add(dtype: str) -> None:
     assert ops.matmul(x, w, bias).tobytes() == ops.add(y, bias).tobytes()
     with pytest.raises(ValueError, match="add: b must be float32"):
         ops.matmul(x, w, bias[:5])
+
+
+# --- exp's in-range fast path ------------------------------------------------------------------
+
+
+def test_exp_in_range_path_matches_special_value_path_bitwise() -> None:
+    # numerics.exp skips the clamp and the special-value selection when every x is inside
+    # [EXP_LO, EXP_HI]; one out-of-range value sends the same array down the full path, which
+    # tests/test_numerics.py checks against the step-by-step listing
+    from parity.numerics import EXP_HI, EXP_LO, exp
+
+    x = np.concatenate(
+        [
+            rng(5).uniform(-104.0, 88.72, 20000).astype(F32),
+            -np.abs(rng(6).standard_normal(1000).astype(F32)) * 30,  # attention's s - m
+            np.array([0.0, -0.0, 1e-45, -1e-45, EXP_HI, EXP_LO, -103.97], dtype=F32),
+        ]
+    )
+    for extra in (np.inf, -np.inf, np.nan, 100.0, -200.0):
+        full = exp(np.append(x, F32(extra)))[:-1]
+        assert exp(x).tobytes() == full.tobytes()
+    assert exp(x.reshape(-1, 7)).tobytes() == exp(x).tobytes()
