@@ -197,3 +197,68 @@ def test_empty_batch_and_errors() -> None:
         matmul(np.zeros((2, 64)), w)
     with pytest.raises(ValueError, match="2-D"):
         prepare_weight("Q8_0", random_weight(DType.Q8_0, (8, 64), rng), (512,))
+
+
+@pytest.mark.parametrize("edge", [False, True], ids=["random", "edge-scales"])
+@pytest.mark.parametrize("name", QUANT)
+def test_decode_path_matches_general_path(name: str, edge: bool) -> None:
+    """The T = 1 fast path gives the chunked path's bits, row by row, at extreme isums too."""
+    dtype = DType[name]
+    rng = np.random.default_rng(40 + sum(map(ord, name)) + edge)
+    shape = (37, 1024)
+    w = prepare_weight(dtype, random_weight(dtype, shape, rng, edge=edge), shape)
+    x = special_x(rng, 8, 1024)
+    x[4] = F32(1.0)  # q = 127 everywhere: the largest positive isums
+    x[5] = F32(-3.0)  # q = -127 everywhere
+    x[6, ::2], x[6, 1::2] = F32(2.0), F32(-2.0)
+    x[7] = np.where(rng.random(1024) < 0.5, F32(0.5), F32(-1.0))  # ties: q = +/-64, +/-127
+    with np.errstate(all="ignore"):
+        general = quant_gemm._matmul_quant(x, w)
+        for t in range(x.shape[0]):
+            assert_same_bits(quant_gemm._matvec_quant(x[t : t + 1], w), general[t : t + 1])
+            assert_same_bits(matmul(x[t : t + 1], w), general[t : t + 1])
+
+
+def test_decode_path_matches_loop_reference_for_every_type() -> None:
+    for name in QUANT:
+        dtype = DType[name]
+        rng = np.random.default_rng(sum(map(ord, name)))
+        shape = (3, 256)
+        raw = random_weight(dtype, shape, rng, edge=True)
+        x = special_x(rng, 4, 256)
+        w = prepare_weight(dtype, raw, shape)
+        want = ref_matmul(x, dtype, raw, shape)
+        for t in range(4):
+            assert_same_bits(matmul(x[t : t + 1], w), want[t : t + 1])
+
+
+def quantize_transcription(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The contract's activation quantization, step by step in float32 (no shortcuts)."""
+    t, k = x.shape
+    xb = x.reshape(t, k // 32, 32)
+    with np.errstate(all="ignore"):
+        d = np.max(np.abs(xb), axis=-1) / F32(127)
+        v = xb / d[..., None]
+        v = np.where(np.isnan(v) | (d == 0)[..., None], F32(0), v)
+        a = np.abs(v)
+        f = np.floor(a)
+        r = np.copysign(f + (a - f >= F32(0.5)).astype(F32), v)  # ties away from zero
+        q = np.clip(r, F32(-127), F32(127)).astype(np.int8)
+        s = d * q.sum(axis=-1, dtype=np.int32).astype(F32)
+    return q.reshape(t, k), d, s
+
+
+def test_fast_activation_quantization_matches_transcription() -> None:
+    rng = np.random.default_rng(5)
+    x = special_x(rng, 6, 512)
+    x[4] = rng.standard_normal(512).astype(F32) * F32(10.0) ** rng.integers(-40, 38, 512)
+    # quotients just below / at / above the half: d = 1 for amax = 127
+    x[5, :32] = np.array([127, 0.49999997, 0.5, 0.50000006, -0.49999997, -0.5, 1.5, -2.5] * 4, F32)
+    x[5, 32:64] = np.nan
+    x[5, 64] = np.inf
+    got = quantize_activations(x)
+    q, d, s = quantize_transcription(x)
+    np.testing.assert_array_equal(got.q, q)
+    assert_same_bits(got.d, d)
+    np.testing.assert_array_equal(np.isnan(got.s), np.isnan(s))
+    assert_same_bits(np.where(np.isnan(s), 0, got.s).astype(F32), np.where(np.isnan(s), 0, s))

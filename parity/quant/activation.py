@@ -1,4 +1,21 @@
-"""Activation quantization: float32 rows -> int8 per 32-block with a scale and a block sum."""
+"""Activation quantization: float32 rows -> int8 per 32-block with a scale and a block sum.
+
+``quantize_rows`` is the implementation, shaped for MATMUL: it returns the quants as float64
+holding exact integers (what the BLAS paths multiply), in few numpy calls, since at decode
+(T = 1) call overhead, not arithmetic, is its cost. Why its shortcuts are exact:
+
+- A block whose scale ``d`` is 0, NaN or Inf gives a non-finite quotient for at least one
+  element (0/0, x/0, NaN/d, Inf/Inf), and a block with a finite non-zero ``d`` gives only finite
+  quotients (|x| <= amax, so |x/d| <= 190.5 even for a subnormal ``d``). Setting every
+  non-finite quotient to 0 therefore zeroes exactly the blocks the contract zeroes, and only
+  single elements where a whole block is zeroed anyway.
+- Round half away from zero is ``trunc(v + copysign(0.5, v))`` when the add is exact: done in
+  float64, where it is exact for every float32 |v| < 2^29 (binary32's 0.49999997 + 0.5 would
+  round to 1.0; in float64 it stays below 1).
+- Clamping after rounding equals the contract's clamp of the rounded value; the block sum of
+  at most 32 integers of magnitude <= 127 is exact in float64, and converting it to float32 is
+  exact, so ``s = fl(d * sum)`` is one float32 multiply as written.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +23,7 @@ import attrs
 import numpy as np
 
 F32 = np.float32
+F64 = np.float64
 QK = 32
 """Elements per activation block."""
 
@@ -33,21 +51,36 @@ def round_half_away(v: np.ndarray) -> np.ndarray:
     return np.copysign(r, v)
 
 
-def quantize_activations(x: np.ndarray) -> Q8Activations:
-    """Quantize (T, K) float32 activations per row and 32-block, as docs/numerics.md states."""
+def _check(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x)
     if x.dtype != F32 or x.ndim != 2:
         raise ValueError(f"quantize_activations needs float32 (T, K), got {x.dtype} {x.shape}")
+    if x.shape[1] % QK:
+        raise ValueError(f"quantize_activations needs K a multiple of {QK}, got K = {x.shape[1]}")
+    return x
+
+
+def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(q, d, s) of ``quantize_activations``, with ``q`` float64 (T, K) holding the integers."""
+    x = _check(x)
     t, k = x.shape
-    if k % QK:
-        raise ValueError(f"quantize_activations needs K a multiple of {QK}, got K = {k}")
     xb = x.reshape(t, k // QK, QK)  # (T, nb, 32)
-    amax = np.max(np.abs(xb), axis=-1)  # np.max propagates NaN: a NaN block gets d = NaN
-    d = amax / F32(127)  # (T, nb)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        amax = np.maximum.reduce(np.abs(xb), axis=-1)  # NaN propagates: a NaN block gets d = NaN
+        d = amax / F32(127)  # (T, nb)
         v = xb / d[..., None]  # correctly rounded division, not x * (1/d)
-    v = np.where(np.isnan(v) | (d == 0)[..., None], F32(0), v)
-    q = np.clip(round_half_away(v), F32(-127), F32(127)).astype(np.int8)  # (T, nb, 32)
-    with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 = NaN, huge d * sum = inf
-        s = d * q.sum(axis=-1, dtype=np.int32).astype(F32)  # the integer sum is exact
-    return Q8Activations(q=q.reshape(t, k), d=d, s=s)
+        finite = np.isfinite(v)
+        if not finite.all():
+            v = np.where(finite, v, F32(0))  # d = 0, NaN or Inf: the whole block -> 0
+        q = np.add(v, np.copysign(F32(0.5), v), dtype=F64)  # exact in float64
+        np.trunc(q, out=q)  # round half away from zero
+        np.minimum(q, 127.0, out=q)
+        np.maximum(q, -127.0, out=q)
+        s = np.multiply(d, np.add.reduce(q, axis=-1), dtype=F32)  # exact sum, exact cast
+    return q.reshape(t, k), d, s
+
+
+def quantize_activations(x: np.ndarray) -> Q8Activations:
+    """Quantize (T, K) float32 activations per row and 32-block, as docs/numerics.md states."""
+    q, d, s = quantize_rows(x)
+    return Q8Activations(q=q.astype(np.int8), d=d, s=s)

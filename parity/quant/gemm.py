@@ -1,4 +1,18 @@
-"""MATMUL: y = x · Wᵀ by the contract (docs/numerics.md), for quantized and float weights."""
+"""MATMUL: y = x · Wᵀ by the contract (docs/numerics.md), for quantized and float weights.
+
+Speed tricks, none of which changes an operation of the contract:
+
+- ``isum`` (exact integers) comes from BLAS: batched float32 ``sgemm``/``sgemv`` over the
+  block-major (n_sub, L, N) planes; every partial sum is an integer below 2^24, so any
+  summation order gives the same, exact value.
+- Activation quantization (``activation.quantize_rows``) runs in a dozen whole-array numpy
+  calls; its module docstring says why each shortcut is exact.
+- T = 1 (decode) skips the chunk machinery, the workspace and the fancy indexing: one
+  (n_sub, 1, N) terms array, a handful of whole-array ufunc calls, then the same tree.
+- T > 1 works in (T, N) chunks so that temporaries stay bounded.
+- The tree over sub-blocks (``tree_sum_leading``) pairs adjacent rows level by level and adds
+  an odd level's last row to +0.0, which is the contract's +0.0-padded tree without the pad.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +21,7 @@ import threading
 
 import numpy as np
 
-from parity.quant.activation import quantize_activations
+from parity.quant.activation import quantize_rows
 from parity.quant.prepare import PreparedWeight
 
 F32 = np.float32
@@ -79,6 +93,8 @@ def matmul(x: np.ndarray, w: PreparedWeight) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):
         if w.wt is not None:
             return _matmul_float(x, w.wt)
+        if x.shape[0] == 1:
+            return _matvec_quant(x, w)
         return _matmul_quant(x, w)
 
 
@@ -102,10 +118,11 @@ def _matmul_quant(x: np.ndarray, w: PreparedWeight) -> np.ndarray:
     """Sub-block terms fl(fl(a * d_x) * isum) (+/- fl(m * s_x)), tree-summed in K order."""
     n_sub, sub_len, n = w.qw.shape
     t = x.shape[0]
-    xq = quantize_activations(x)
-    qx = xq.q.reshape(t, n_sub, sub_len).transpose(1, 0, 2).astype(F32)  # (n_sub, T, L)
-    dx = xq.d.T[w.block_of_sub][:, :, None]  # (n_sub, T, 1): the 32-block each sub-block is in
-    sx = xq.s.T[w.block_of_sub][:, :, None]
+    q, d, s = quantize_rows(x)
+    qx = np.empty((n_sub, t, sub_len), F32)  # exact integers
+    qx[...] = q.reshape(t, n_sub, sub_len).transpose(1, 0, 2)
+    dx = d.T[w.block_of_sub][:, :, None]  # (n_sub, T, 1): the 32-block each sub-block is in
+    sx = s.T[w.block_of_sub][:, :, None]
     y = np.empty((t, n), F32)
     tc, nc = _chunk_sizes(n_sub, t, n)
     buf, scratch = _workspace(n_sub * tc * nc)
@@ -123,3 +140,19 @@ def _matmul_quant(x: np.ndarray, w: PreparedWeight) -> np.ndarray:
                 combine(terms, tmp, out=terms)
             y[t0:t1, n0:n1] = tree_sum_leading(terms, scratch)
     return y
+
+
+def _matvec_quant(x: np.ndarray, w: PreparedWeight) -> np.ndarray:
+    """T = 1: the same terms and tree as ``_matmul_quant``, in far fewer numpy calls."""
+    n_sub, sub_len, _ = w.qw.shape
+    q, d, s = quantize_rows(x)
+    per_block = 32 // sub_len  # sub-blocks per activation block: 1, or 2 for Q6_K
+    dx = d[0] if per_block == 1 else np.repeat(d[0], per_block)  # d_x of each sub-block
+    # integer dot products below 2^24 are exact in float32 in any order: BLAS is safe here
+    terms = np.matmul(q.astype(F32).reshape(n_sub, 1, sub_len), w.qw)  # isum (n_sub, 1, N)
+    np.multiply(terms, np.multiply(w.a, dx[:, None, None]), out=terms)  # fl(fl(a * d_x) * isum)
+    if w.min_sign:
+        sx = s[0] if per_block == 1 else np.repeat(s[0], per_block)
+        combine = np.add if w.min_sign > 0 else np.subtract
+        combine(terms, np.multiply(w.m, sx[:, None, None]), out=terms)  # +/- fl(m * s_x)
+    return tree_sum_leading(terms)  # (1, N)
