@@ -7,6 +7,8 @@ one per line is writing the contract.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 F32 = np.float32
@@ -118,3 +120,33 @@ def _pow2_inplace(n: np.ndarray) -> np.ndarray:
     n += 127
     n <<= 23
     return n.view(F32)
+
+
+def tree_sum_leading(a: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
+    """``tree_sum(a, axis=0)`` bit for bit, without the padded copy: the fast form the matmul
+    and attention kernels use.
+
+    An odd level's last value is added to +0.0 (its padded partner), so -0.0 becomes +0.0
+    exactly as in the padded tree. Levels ping-pong between two buffers: ``scratch`` (flat,
+    >= half of ``a``'s size) and ``a`` itself (then contiguous, and clobbered), or, without
+    ``scratch``, two buffers allocated once per call.
+    """
+    n, rest = a.shape[0], a.shape[1:]
+    if n == 0:
+        return np.zeros(rest, dtype=F32)
+    if scratch is not None:
+        targets = (scratch, a.reshape(-1))
+    else:
+        size = math.prod(rest)
+        targets = (np.empty((n + 1) // 2 * size, F32), np.empty((n + 3) // 4 * size, F32))
+    level = 0
+    while a.shape[0] > 1:
+        half, odd = divmod(a.shape[0], 2)
+        shape = (half + odd, *rest)
+        out = targets[level % 2][: math.prod(shape)].reshape(shape)
+        np.add(a[0 : 2 * half : 2], a[1 : 2 * half : 2], out=out[:half])
+        if odd:
+            np.add(a[-1], F32(0), out=out[half])
+        a = out
+        level += 1
+    return a[0]

@@ -10,8 +10,8 @@ Speed tricks, none of which changes an operation of the contract:
 - T = 1 (decode) skips the chunk machinery, the workspace and the fancy indexing: one
   (n_sub, 1, N) terms array, a handful of whole-array ufunc calls, then the same tree.
 - T > 1 works in (T, N) chunks so that temporaries stay bounded.
-- The tree over sub-blocks (``tree_sum_leading``) pairs adjacent rows level by level and adds
-  an odd level's last row to +0.0, which is the contract's +0.0-padded tree without the pad.
+- The tree over sub-blocks is ``numerics.tree_sum_leading``: the contract's +0.0-padded
+  tree without the pad, levels ping-ponging through the workspace.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import threading
 
 import numpy as np
 
+from parity.numerics import tree_sum_leading
 from parity.quant.activation import quantize_rows
 from parity.quant.prepare import PreparedWeight
 
@@ -45,28 +46,6 @@ def _workspace(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _view(buf: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return buf[: math.prod(shape)].reshape(shape)
-
-
-def tree_sum_leading(a: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
-    """``numerics.tree_sum(a, axis=0)`` bit for bit, without the padded copy.
-
-    An odd level's last value is added to +0.0 (its padded partner), so -0.0 becomes +0.0
-    exactly as in the padded tree. With ``scratch`` (flat, >= half of ``a``'s size), levels
-    ping-pong between ``scratch`` and ``a`` (contiguous; clobbered) instead of allocating.
-    """
-    rest = a.shape[1:]
-    targets = (scratch, a.reshape(-1)) if scratch is not None else None
-    level = 0
-    while a.shape[0] > 1:
-        half, odd = divmod(a.shape[0], 2)
-        shape = (half + odd, *rest)
-        out = np.empty(shape, F32) if targets is None else _view(targets[level % 2], shape)
-        np.add(a[0 : 2 * half : 2], a[1 : 2 * half : 2], out=out[:half])
-        if odd:
-            np.add(a[-1], F32(0), out=out[half])
-        a = out
-        level += 1
-    return a[0]
 
 
 def _chunks(total: int, size: int) -> list[tuple[int, int]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from parity import quant
-from parity.numerics import F32, exp, next_pow2, tree_sum
+from parity.numerics import F32, exp, next_pow2, tree_sum, tree_sum_leading
 from parity.quant import PreparedWeight
 
 CHUNK = 256  # attention reduces positions in chunks of this many slots, aligned at position 0
@@ -285,24 +285,6 @@ def _tile_bytes() -> int:
     return min(_ATTENTION_TILE_BYTES, _ATTENTION_TEMP_BYTES)
 
 
-def _tree_sum0(a: np.ndarray) -> np.ndarray:
-    """``tree_sum(a, axis=0)`` for a power-of-two length, without a new array per level.
-
-    Level by level, fl(a[2i] + a[2i + 1]) over the leading axis (each a[i] is a contiguous
-    slab), written into two scratch buffers used in turn. Returns the ``a.shape[1:]`` sum.
-    """
-    n = a.shape[0]
-    rest = a.shape[1:]
-    bufs = (np.empty((n // 2, *rest), dtype=F32), np.empty((n // 4, *rest), dtype=F32))
-    level = 0
-    while n > 1:
-        n //= 2
-        out = bufs[level % 2][:n]
-        np.add(a[0 : 2 * n : 2], a[1 : 2 * n : 2], out=out)
-        a, level = out, level + 1
-    return a[0]
-
-
 def _n_slots(n_keys: int) -> int:
     """Slots laid out for rows 0..n_keys-1: whole chunks, then the last chunk's rows padded to
     a power of two (a tree over 256 slots whose slots >= w are +0.0 needs only w of them)."""
@@ -379,7 +361,7 @@ def _attention_block(
     for a in range(0, need, piece):
         b = min(a + piece, need)
         prod = qt * keys[:, :, None, a:b]  # (dw, g, r, b - a): fl(q_d * k_d)
-        np.multiply(_tree_sum0(prod), scale, out=s[..., a:b])
+        np.multiply(tree_sum_leading(prod), scale, out=s[..., a:b])
 
     # slot j holds cache row j; token t sees slots 0..pos[t], the rest of its slots are hidden
     hidden = [(t, int(p) + 1) for t, p in enumerate(pos) if p + 1 < need]
@@ -403,7 +385,7 @@ def _attention_block(
         c1 = min(c0 + step, c)
         part = slice(c0 * CHUNK, c1 * CHUNK)
         prod = e[..., part].transpose(2, 0, 1)[..., None] * values[part, :, None, :]
-        sums = _tree_sum0(prod.reshape(c1 - c0, CHUNK, -1).transpose(1, 0, 2))
+        sums = tree_sum_leading(prod.reshape(c1 - c0, CHUNK, -1).transpose(1, 0, 2))
         for i in range(c1 - c0):  # (chunks, g*r*(d+1))
             acc = sums[i].copy() if acc is None else np.add(acc, sums[i], out=acc)
     prod = e[..., n_full:].transpose(2, 0, 1)[..., None] * values[n_full:need, :, None, :]
@@ -412,7 +394,7 @@ def _attention_block(
         # hidden slots are +0.0; where they hold padding (rows >= n_keys) v = +0.0 and
         # e = +0.0 already give fl(0 * 0) = +0.0, but a real row's v may be -0.0, inf or NaN
         prod5[first - n_full : n_keys - n_full, :, t] = 0.0
-    last = _tree_sum0(prod.reshape(w, -1))  # (g*r*(d+1),)
+    last = tree_sum_leading(prod.reshape(w, -1))  # (g*r*(d+1),)
     if w < CHUNK:
         last += F32(0)  # the rest of the 256-slot tree: +0.0 slots (a -0.0 sum becomes +0.0)
     acc = last if acc is None else np.add(acc, last, out=acc)
