@@ -23,3 +23,24 @@ class PluginError(ParityError):
 
 class ConfigError(ParityError):
     """A configuration file, environment variable or argument has a bad value."""
+
+
+class ModelError(ParityError):
+    """A model cannot be found, fetched or verified: an unknown name, a failed pull, a bad
+    checksum, an architecture parity does not build."""
+
+
+class ModelFileError(ModelError):
+    """A GGUF file is malformed, truncated, or uses something parity does not support."""
+
+
+class TokenizerError(ParityError):
+    """A model's tokenizer metadata is missing or unsupported, or text cannot be encoded."""
+
+
+class ChatTemplateError(ParityError):
+    """A chat template is missing, fails to render, or tried something the sandbox forbids."""
+
+
+class ContextLengthError(ParityError):
+    """A prompt, or a prompt plus the tokens asked for, does not fit the context length."""
