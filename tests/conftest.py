@@ -3,7 +3,9 @@ on (default: every installed backend); unavailable ones (no GPU here) skip clean
 
 from __future__ import annotations
 
+import os
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +48,26 @@ def backend_cls(registry, backend_name):
     if not ok.ok:
         pytest.skip(f"backend {backend_name!r} unavailable here: {ok.reason}")
     return cls
+
+
+def _parity_home() -> Path:
+    """Where pulled models live: ``$PARITY_HOME``, else ``$XDG_CACHE_HOME/parity``, else
+    ``~/.cache/parity`` (the same rule as ``parity.models.registry``)."""
+    if home := os.environ.get("PARITY_HOME"):
+        return Path(home)
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "parity"
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """``real_model(name)`` is the path of a pulled real model; the test skips when it is not
+    cached (CI pulls smollm2-135m; ``parity pull qwen2.5-coder-0.5b`` enables the rest)."""
+
+    def find(name: str) -> Path:
+        path = _parity_home() / "models" / f"{name}.gguf"
+        if not path.is_file():
+            pytest.skip(f"{name} is not pulled; run `parity pull {name}`")
+        return path
+
+    return find
