@@ -1,0 +1,348 @@
+"""One function per ``parity`` subcommand. Each takes the parsed arguments and returns the exit
+status; the product goes to stdout, everything else to stderr."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from parity import __version__
+from parity.errors import ParityError
+
+
+def version() -> str:
+    return f"parity {__version__}"
+
+
+def _err(*parts: object) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def _read_arg_or_stdin(value: str | None, what: str) -> str:
+    if value is not None and value != "-":
+        return value
+    if sys.stdin.isatty():
+        raise ParityError(f"no {what} given: pass it as an argument or pipe it on stdin")
+    return sys.stdin.read()
+
+
+def _model_ref(args: argparse.Namespace) -> str:
+    from parity.models.registry import DEFAULT_MODEL
+
+    return args.model or DEFAULT_MODEL
+
+
+def _load(args: argparse.Namespace, *, n_ctx: int | None = None):
+    """Open the model on the configured backends, reporting the load on stderr if verbose."""
+    from parity.models.model import load
+
+    t0 = time.perf_counter()
+    model = load(
+        _model_ref(args),
+        backend=args.backend,
+        device=args.device,
+        numerics=args.numerics,
+        strict=args.strict,
+        n_ctx=n_ctx if n_ctx is not None else args.ctx,
+        config=args.config,
+    )
+    if getattr(args, "verbose", False):
+        _err(
+            f"[{model.name} on {model.backends[0].device.id}, ctx {model.n_ctx}, "
+            f"loaded in {time.perf_counter() - t0:.2f} s]"
+        )
+    return model
+
+
+def _sampling(args: argparse.Namespace):
+    from parity.models.sampling import SamplingParams
+
+    return SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repeat_penalty,
+        repeat_last_n=args.repeat_last_n,
+        seed=args.seed,
+    )
+
+
+def _stream(generation) -> None:
+    out = sys.stdout
+    for piece in generation:
+        if piece.text:
+            out.write(piece.text)
+            out.flush()
+
+
+def _report(generation) -> None:
+    s = generation.stats
+    steps = len(s.step_s)
+    rate = f", {steps / s.decode_s:.1f} tok/s decode" if steps and s.decode_s > 0 else ""
+    _err(
+        f"[{s.prompt_tokens} prompt tokens ({s.reused_tokens} cached), "
+        f"ttft {s.ttft_s * 1e3:.0f} ms, {s.generated_tokens} generated{rate}, "
+        f"finish: {generation.finish_reason}]"
+    )
+
+
+# -- generation ----------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = _read_arg_or_stdin(args.prompt, "prompt")
+    sampling = _sampling(args)
+    model = _load(args)
+    gen = model.generate(
+        prompt,
+        max_tokens=args.max_tokens,
+        sampling=sampling,
+        stop=args.stop,
+        ignore_eos=args.ignore_eos,
+    )
+    if args.json:
+        gen.complete()
+        s = gen.stats
+        print(
+            json.dumps(
+                {
+                    "text": gen.text,
+                    "tokens": gen.tokens,
+                    "finish_reason": gen.finish_reason,
+                    "prompt_tokens": s.prompt_tokens,
+                    "ttft_ms": round(s.ttft_s * 1e3, 3),
+                    "decode_tok_s": round(len(s.step_s) / s.decode_s, 2) if s.step_s else None,
+                },
+                ensure_ascii=False,
+            )
+        )
+    else:
+        _stream(gen)
+        if sys.stdout.isatty():
+            sys.stdout.write("\n")
+    if args.verbose:
+        _report(gen)
+    return 0
+
+
+def chat(args: argparse.Namespace) -> int:
+    sampling = _sampling(args)
+    model = _load(args)
+    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    if interactive:
+        import readline  # noqa: F401  (line editing and history for input())
+
+        _err(f"chatting with {model.name}; /reset clears the history, /exit or Ctrl-D quits")
+    history: list[dict[str, str]] = []
+    if args.system:
+        history.append({"role": "system", "content": args.system})
+    first_turn = len(history)
+    while True:
+        try:
+            line = input("> ") if interactive else sys.stdin.readline()
+        except EOFError:
+            line = ""
+        if not line:  # end of input
+            if interactive:
+                _err()
+            return 0
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            return 0
+        if text == "/reset":
+            del history[first_turn:]
+            _err("[history cleared]")
+            continue
+        history.append({"role": "user", "content": text})
+        gen = model.chat(
+            history,
+            max_tokens=args.max_tokens,
+            sampling=sampling,
+            stop=args.stop,
+            ignore_eos=args.ignore_eos,
+        )
+        _stream(gen)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        history.append({"role": "assistant", "content": gen.text})
+        if args.verbose:
+            _report(gen)
+
+
+# -- models --------------------------------------------------------------------------------
+
+
+def pull(args: argparse.Namespace) -> int:
+    from parity.models.registry import pull as pull_model
+
+    for name in args.names:
+        path = pull_model(name, force=args.force, stream=sys.stderr)
+        if args.print_path:
+            print(path)
+    return 0
+
+
+def models(args: argparse.Namespace) -> int:
+    from parity.models.registry import list_models
+
+    listed = list_models()
+    if args.json:
+        print(json.dumps([_status_dict(m) for m in listed]))
+        return 0
+    for m in listed:
+        d = _status_dict(m)
+        where = d.get("path") if d.get("cached") else "not pulled"
+        size = f"{d['size'] / 1e6:8.1f} MB" if d.get("size") else " " * 11
+        print(f"{d['name']:<22} {size}  {where}")
+        if d.get("description"):
+            print(f"{'':<22} {d['description']}")
+    return 0
+
+
+def _status_dict(status: object) -> dict:
+    import attrs
+
+    d = attrs.asdict(status, recurse=False) if attrs.has(type(status)) else dict(vars(status))
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
+
+
+def tokenize(args: argparse.Namespace) -> int:
+    from parity.models.gguf_file import read_model_file
+    from parity.models.registry import resolve_model
+    from parity.models.tokenizer import Tokenizer
+
+    text = _read_arg_or_stdin(args.text, "text")
+    file = read_model_file(resolve_model(_model_ref(args)))
+    tok = Tokenizer.from_metadata(file.metadata)
+    ids = tok.encode(
+        text, add_bos=False if args.no_bos else None, parse_special=not args.no_parse_special
+    )
+    if args.json:
+        print(json.dumps(ids))
+        return 0
+    for i in ids:
+        piece = tok.piece(i).decode("utf-8", errors="backslashreplace")
+        print(f"{i:>7} {piece!r}")
+    return 0
+
+
+# -- backends ------------------------------------------------------------------------------
+
+
+def backends(args: argparse.Namespace) -> int:
+    from parity.core.plugins import load_backends
+
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        registry = load_backends()  # broken plugins are listed below, not warned about
+    if args.explain:
+        return _explain(args)
+    rows = []
+    for name, cls in registry.backends.items():
+        ok = cls.available()
+        devices = cls.devices() if ok.ok else []
+        rows.append(
+            {
+                "name": name,
+                "plugin": registry.owners.get(name, ""),
+                "available": ok.ok,
+                "reason": ok.reason,
+                "numerics": list(cls.numerics_modes),
+                "devices": [
+                    {"id": d.id, "description": d.description, "score": cls.score(d)}
+                    for d in devices
+                ],
+            }
+        )
+    broken = [{"plugin": p, "error": why} for p, why in registry.broken.items()]
+    if args.json:
+        print(json.dumps({"backends": rows, "broken": broken}))
+        return 0
+    for r in rows:
+        state = "available" if r["available"] else f"unavailable: {r['reason']}"
+        print(f"{r['name']:<10} {state}  (numerics: {', '.join(r['numerics'])})")
+        for d in r["devices"]:
+            print(f"{'':<10} {d['id']:<10} score {d['score']:<4} {d['description']}")
+    for b in broken:
+        print(f"{b['plugin']:<10} broken: {b['error']}")
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from parity.core.config import load_config, make_backends
+    from parity.core.params import GraphParams
+    from parity.core.plugins import load_backends
+    from parity.core.scheduler import schedule
+    from parity.models.decoder import build_decoder
+    from parity.models.gguf_file import read_model_file
+    from parity.models.model import graph_weights
+    from parity.models.registry import resolve_model
+
+    file = read_model_file(resolve_model(_model_ref(args), pull_missing=False))
+    config = load_config(
+        backend=args.backend,
+        device=args.device,
+        numerics=args.numerics,
+        strict=args.strict,
+        path=args.config,
+    )
+    spec, _ = graph_weights(file)
+    n_ctx = min(args.ctx or 4096, spec.n_ctx_train)
+    graph = build_decoder(spec, GraphParams(n_tokens=1, n_ctx=n_ctx, output="argmax"))
+    plan = schedule(graph, make_backends(config, load_backends()), strict=False)
+    print(plan.to_json() if args.json else plan.explain(verbose=args.verbose))
+    return 0
+
+
+# -- measurements --------------------------------------------------------------------------
+
+
+def perplexity(args: argparse.Namespace) -> int:
+    from parity.models.perplexity import perplexity as measure
+
+    path = Path(args.file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ParityError(f"cannot read {path} as UTF-8 text: {e}") from None
+    n_ctx = args.ctx or 512
+    model = _load(args, n_ctx=n_ctx)
+
+    def progress(done: int, total: int, ppl: float) -> None:
+        print(f"[{done}/{total}] {ppl:.4f}", file=sys.stderr, flush=True)
+
+    result = measure(model, text, n_ctx, max_chunks=args.chunks, progress=progress)
+    if args.json:
+        import attrs
+
+        print(json.dumps(attrs.asdict(result)))
+    else:
+        print(result.line())
+    return 0
+
+
+def bench(args: argparse.Namespace) -> int:
+    from parity.models.bench import bench as measure
+
+    t0 = time.perf_counter()
+    model = _load(args)
+    result = measure(model, args.prompt_tokens, args.gen_tokens, load_s=time.perf_counter() - t0)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+        return 0
+    r = result
+    print(f"model       {r.model} on {r.backend}")
+    print(f"prefill     {r.prefill_tok_s:10.1f} tok/s  ({r.prompt_tokens} tokens)")
+    print(f"decode      {r.decode_tok_s:10.1f} tok/s  ({r.gen_tokens} tokens)")
+    print(f"ttft        {r.ttft_ms:10.1f} ms     (cold: {r.cold_ttft_ms:.1f} ms)")
+    print(f"first step  {r.first_step_ms:10.2f} ms")
+    print(f"step        {r.step_ms:10.2f} ms     (median)")
+    print(f"load        {r.load_s:10.2f} s")
+    return 0

@@ -1,0 +1,145 @@
+"""Argument parsing and dispatch for ``parity``; every failure parity expects becomes one line
+on stderr and a non-zero exit status."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from parity.cli import commands
+from parity.errors import ParityError
+
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def _non_negative(value: str) -> int:
+    n = int(value)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
+
+
+def _model_options(p: argparse.ArgumentParser, *, runtime: bool = True) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument(
+        "-m",
+        "--model",
+        default=None,
+        help="a registry name (see `parity models`; pulled on first use) or a path to a .gguf "
+        "file (default: smollm2-135m)",
+    )
+    if not runtime:
+        return
+    g.add_argument("-b", "--backend", help="backend name, or auto (default: from config)")
+    g.add_argument("--device", type=int, help="device index of the backend")
+    g.add_argument("--numerics", choices=("exact", "fast"), help="default: exact")
+    g.add_argument(
+        "--strict", action="store_true", default=None, help="fail instead of falling back to cpu"
+    )
+    g.add_argument("--ctx", type=_positive, help="context size in tokens (default: 4096)")
+    g.add_argument("--config", help="config file (default: ./parity.toml, then user config)")
+
+
+def _sampling_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("-n", "--max-tokens", type=_non_negative, default=256)
+    g.add_argument("-t", "--temperature", type=float, default=0.8, help="0: greedy")
+    g.add_argument("--top-k", type=_non_negative, default=40, help="0: off")
+    g.add_argument("--top-p", type=float, default=0.95, help="1: off")
+    g.add_argument("--min-p", type=float, default=0.05, help="0: off")
+    g.add_argument("--repeat-penalty", type=float, default=1.0, help="1: off")
+    g.add_argument("--repeat-last-n", type=int, default=64)
+    g.add_argument("--seed", type=int, help="default: random")
+    g.add_argument("--stop", action="append", default=[], help="stop before this text (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-text")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="parity",
+        description="Run GGUF language models on pluggable backends checked against a "
+        "bit-exact CPU oracle.",
+    )
+    parser.add_argument("-V", "--version", action="version", version=commands.version())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="continue a prompt; prints only the generated text")
+    p.add_argument("prompt", nargs="?", help="the prompt (default or '-': read stdin)")
+    _model_options(p)
+    _sampling_options(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.add_argument("-v", "--verbose", action="store_true", help="timings on stderr")
+    p.set_defaults(func=commands.run)
+
+    p = sub.add_parser("chat", help="talk with the model using its chat template")
+    _model_options(p)
+    _sampling_options(p)
+    p.add_argument("-s", "--system", help="system prompt (default: the template's own)")
+    p.add_argument("-v", "--verbose", action="store_true", help="timings on stderr")
+    p.set_defaults(func=commands.chat)
+
+    p = sub.add_parser("pull", help="download a registry model into the cache")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p.add_argument("--print-path", action="store_true", help="print the cached file's path")
+    p.add_argument("--force", action="store_true", help="download again even if cached")
+    p.set_defaults(func=commands.pull)
+
+    p = sub.add_parser("models", help="list known and cached models")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=commands.models)
+
+    p = sub.add_parser("backends", help="list backends; --explain shows which op runs where")
+    _model_options(p)
+    p.add_argument("--explain", action="store_true", help="the plan of a decode step")
+    p.add_argument("--verbose", action="store_true", help="with --explain: every node")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=commands.backends)
+
+    p = sub.add_parser("tokenize", help="print the token ids of a text")
+    p.add_argument("text", nargs="?", help="the text (default or '-': read stdin)")
+    _model_options(p, runtime=False)
+    p.add_argument("--json", action="store_true", help="one JSON line: the id list")
+    p.add_argument("--no-bos", action="store_true", help="never add BOS")
+    p.add_argument(
+        "--no-parse-special", action="store_true", help="treat special-token text as text"
+    )
+    p.set_defaults(func=commands.tokenize)
+
+    p = sub.add_parser("perplexity", help="perplexity of a text file (llama.cpp's protocol)")
+    _model_options(p)
+    p.add_argument("-f", "--file", required=True, help="a UTF-8 text file")
+    p.add_argument("--chunks", type=_positive, help="score at most this many chunks")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=commands.perplexity)
+
+    p = sub.add_parser("bench", help="prefill and decode speed")
+    _model_options(p)
+    p.add_argument("-p", "--prompt-tokens", type=_positive, default=128)
+    p.add_argument("-g", "--gen-tokens", type=_positive, default=64)
+    p.add_argument("--json", action="store_true", help="one JSON line")
+    p.set_defaults(func=commands.bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except ParityError as e:
+        print(f"parity: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # e.g. `parity run ... | head`: the reader left
+        sys.stderr.close()
+        return EXIT_ERROR

@@ -1,0 +1,69 @@
+"""Speed of one model on its backend, as users feel it: prefill, time to first token, the
+first decode step (a stall there is a bug) and the steady-state step.
+
+A warm-up pass runs the same prefill and decode graphs once first (JIT compilation, weight
+preparation, graph capture); its time to first token is reported as ``cold_ttft_ms``. Prompt
+tokens are seeded random ids; decode is greedy and ignores end-of-generation, so exactly
+``gen_tokens`` tokens are produced.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING
+
+import attrs
+import numpy as np
+
+if TYPE_CHECKING:
+    from parity.models.model import Model
+
+
+@attrs.frozen
+class BenchResult:
+    model: str
+    backend: str
+    prompt_tokens: int
+    gen_tokens: int
+    prefill_tok_s: float
+    decode_tok_s: float
+    ttft_ms: float
+    first_step_ms: float
+    step_ms: float  # median of the steps after the first
+    cold_ttft_ms: float
+    load_s: float
+
+    def to_dict(self) -> dict:
+        return attrs.asdict(self)
+
+
+def bench(
+    model: Model, prompt_tokens: int, gen_tokens: int, *, seed: int = 0, load_s: float = 0.0
+) -> BenchResult:
+    if prompt_tokens < 1 or gen_tokens < 2:
+        raise ValueError("bench needs prompt_tokens >= 1 and gen_tokens >= 2")
+    model.session.check_fits(prompt_tokens + gen_tokens, "prompt plus generated tokens")
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(0, model.spec.n_vocab, prompt_tokens).tolist()
+
+    def once(n: int) -> tuple[float, list[float]]:
+        model.reset()
+        gen = model.generate(prompt, max_tokens=n, temperature=0.0, ignore_eos=True).complete()
+        return gen.stats.prefill_s, gen.stats.step_s
+
+    cold_ttft, _ = once(3)
+    ttft, steps = once(gen_tokens)
+    decode_s = sum(steps)
+    return BenchResult(
+        model=model.name,
+        backend=model.backends[0].device.id,
+        prompt_tokens=prompt_tokens,
+        gen_tokens=gen_tokens,
+        prefill_tok_s=round(prompt_tokens / ttft, 2),
+        decode_tok_s=round(len(steps) / decode_s, 2),
+        ttft_ms=round(ttft * 1e3, 3),
+        first_step_ms=round(steps[0] * 1e3, 3),
+        step_ms=round(statistics.median(steps[1:]) * 1e3, 3),
+        cold_ttft_ms=round(cold_ttft * 1e3, 3),
+        load_s=round(load_s, 3),
+    )

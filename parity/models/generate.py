@@ -1,0 +1,159 @@
+"""Streaming generation: prefill, then one decode step per token, until a stop condition.
+
+Greedy decoding without a repetition penalty asks the graph for ARGMAX, so each step reads back
+one token id instead of a vocabulary of logits. Text is streamed as it becomes final: a token
+that ends inside a UTF-8 sequence, or text that may be the start of a stop string, is held back
+until the next token decides it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+
+import attrs
+
+from parity.models.sampling import Sampler, SamplingParams
+from parity.models.session import Session
+from parity.models.stops import StopMatcher
+from parity.models.tokenizer import StreamDecoder, Tokenizer
+
+FINISH_REASONS = ("eos", "stop", "length", "context")
+
+
+@attrs.frozen
+class Piece:
+    """One step of a stream: the text that became final (may be empty), the token sampled at
+    this step (None for the closing flush), and on the last piece why generation ended."""
+
+    text: str
+    token: int | None
+    finish: str | None = None
+
+
+@attrs.define
+class GenerationStats:
+    prompt_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens whose KV came from the cache
+    generated_tokens: int = 0
+    prefill_s: float = 0.0  # evaluating the prompt, up to the first sampled token
+    step_s: list[float] = attrs.Factory(list)  # each decode step, sampling included
+
+    @property
+    def ttft_s(self) -> float:
+        return self.prefill_s
+
+    @property
+    def decode_s(self) -> float:
+        return sum(self.step_s)
+
+
+class Generation:
+    """A generation in progress. Iterate it for ``Piece``s; when it is exhausted ``text``,
+    ``tokens``, ``finish_reason`` and ``stats`` describe the whole."""
+
+    def __init__(
+        self,
+        session: Session,
+        tokenizer: Tokenizer,
+        prompt: Sequence[int],
+        *,
+        max_tokens: int,
+        sampling: SamplingParams,
+        stop: Sequence[str] = (),
+        ignore_eos: bool = False,
+    ) -> None:
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        session.check_fits(len(prompt))
+        self.session = session
+        self.tokenizer = tokenizer
+        self.prompt = list(prompt)
+        self.max_tokens = max_tokens
+        self.sampler = Sampler(sampling, tokenizer.n_vocab)
+        self.greedy = sampling.greedy and sampling.repetition_penalty == 1.0
+        self.stop = StopMatcher(stop)
+        self.ignore_eos = ignore_eos
+        self.tokens: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.stats = GenerationStats(prompt_tokens=len(prompt))
+        self._iter = self._run()
+
+    def __iter__(self) -> Iterator[Piece]:
+        return self._iter
+
+    def __next__(self) -> Piece:
+        return next(self._iter)
+
+    def complete(self) -> Generation:
+        """Run to the end without streaming; returns self."""
+        for _ in self._iter:
+            pass
+        return self
+
+    def _pick(self, out: object) -> int:
+        if self.greedy:
+            return int(out)  # type: ignore[call-overload]
+        return self.sampler(out, self.session.tokens)  # type: ignore[arg-type]
+
+    def _run(self) -> Iterator[Piece]:
+        session, stats = self.session, self.stats
+        before = session.tokens
+        t0 = time.perf_counter()
+        if self.max_tokens == 0:
+            self.finish_reason = "length"
+            yield Piece("", None, "length")
+            return
+        out = session.prefill(self.prompt, greedy=self.greedy)
+        stats.reused_tokens = _common_prefix(before, self.prompt)
+        token = self._pick(out)
+        stats.prefill_s = time.perf_counter() - t0
+        decoder = self.tokenizer.stream_decoder()
+        eog = frozenset() if self.ignore_eos else self.tokenizer.eog_ids
+        while True:
+            if token in eog:
+                yield self._finish("eos", token, "", decoder)
+                return
+            self.tokens.append(token)
+            stats.generated_tokens += 1
+            emit, stopped = self.stop.feed(decoder.push(token))
+            self.text += emit
+            if stopped:
+                yield self._finish("stop", token, emit)
+                return
+            if len(self.tokens) >= self.max_tokens:
+                yield self._finish("length", token, emit, decoder)
+                return
+            if len(session.tokens) >= session.n_ctx:
+                yield self._finish("context", token, emit, decoder)
+                return
+            yield Piece(emit, token)
+            t0 = time.perf_counter()
+            token = self._pick(session.step(token, greedy=self.greedy))
+            stats.step_s.append(time.perf_counter() - t0)
+
+    def _finish(
+        self, reason: str, token: int, emit: str = "", decoder: StreamDecoder | None = None
+    ) -> Piece:
+        """The last piece: what is final now, plus whatever was held back (a partial UTF-8
+        sequence or a possible stop-string prefix), unless a stop string cut the text."""
+        if reason != "stop":
+            tail, stopped = self.stop.feed(decoder.flush() if decoder is not None else "")
+            if stopped:
+                reason = "stop"
+            else:
+                tail += self.stop.flush()
+            self.text += tail
+            emit += tail
+        self.finish_reason = reason
+        return Piece(emit, token, reason)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return min(n, max(len(b) - 1, 0))

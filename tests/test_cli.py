@@ -1,0 +1,126 @@
+"""The ``parity`` command: stdout carries only the product, failures are one line on stderr
+with a non-zero status. Runs in-process on a tiny synthetic GGUF model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from parity.cli import main
+from parity.models.gguf_write import tiny_bpe_tokenizer, write_model_gguf
+from parity.models.synthetic import synthetic_model, tiny_spec
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    spec, weights = synthetic_model(tiny_spec("llama"), seed=5)
+    path = tmp_path_factory.mktemp("cli") / "tiny.gguf"
+    write_model_gguf(path, spec, weights, tokenizer=tiny_bpe_tokenizer(), chat_template=CHATML)
+    return str(path)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """An empty model cache, so nothing real is found or pulled by accident."""
+    monkeypatch.setenv("PARITY_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_run_prints_only_the_generated_text(capsys, model_path):
+    base = ("run", "-m", model_path, "-b", "cpu", "--ctx", "64", "-t", "0", "-n", "6")
+    rc, out, err = cli(capsys, *base, "--ignore-eos", "hello there")
+    assert rc == 0 and err == ""
+    rc, js, _ = cli(capsys, *base, "--ignore-eos", "--json", "hello there")
+    result = json.loads(js)
+    assert out == result["text"] and len(result["tokens"]) == 6
+    assert result["finish_reason"] == "length"
+
+
+def test_run_verbose_reports_on_stderr(capsys, model_path):
+    rc, out, err = cli(
+        capsys, "run", "-m", model_path, "-b", "cpu", "--ctx", "64", "-n", "3", "-v", "hi"
+    )
+    assert rc == 0 and "ttft" in err and "ttft" not in out
+
+
+def test_tokenize_json_is_one_line_of_ids(capsys, model_path):
+    rc, out, err = cli(capsys, "tokenize", "-m", model_path, "--json", "hello world")
+    assert rc == 0 and err == ""
+    ids = json.loads(out)
+    assert out.count("\n") == 1 and all(isinstance(i, int) for i in ids) and ids
+
+
+def test_chat_reads_turns_from_stdin(capsys, model_path, monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n/reset\nagain\n"))
+    rc, out, _ = cli(capsys, "chat", "-m", model_path, "-b", "cpu", "--ctx", "64", "-n", "3")
+    assert rc == 0 and out.count("\n") == 2  # one line per reply
+
+
+def test_perplexity_prints_the_llama_cpp_line(capsys, model_path, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(f"w{i % 13}" for i in range(120)), encoding="utf-8")
+    argv = ("perplexity", "-m", model_path, "-b", "cpu", "-f", str(text), "--ctx", "16")
+    rc, out, err = cli(capsys, *argv, "--chunks", "2")
+    assert rc == 0 and out.startswith("PPL = ") and " +/- " in out and "[2/2]" in err
+
+
+def test_bench_json_has_the_metrics(capsys, model_path):
+    argv = ("bench", "-m", model_path, "-b", "cpu", "--ctx", "64", "-p", "8", "-g", "4")
+    rc, out, _ = cli(capsys, *argv, "--json")
+    result = json.loads(out)
+    assert rc == 0
+    for key in ("prefill_tok_s", "decode_tok_s", "ttft_ms", "first_step_ms", "step_ms"):
+        assert result[key] > 0
+
+
+def test_backends_and_explain(capsys, model_path):
+    rc, out, _ = cli(capsys, "backends", "--json")
+    assert rc == 0 and any(b["name"] == "cpu" for b in json.loads(out)["backends"])
+    rc, out, _ = cli(capsys, "backends", "--explain", "-m", model_path, "-b", "cpu")
+    assert rc == 0 and "split" in out
+
+
+def test_models_lists_the_registry(capsys, home):
+    rc, out, _ = cli(capsys, "models", "--json")
+    assert rc == 0
+    names = {m["name"] for m in json.loads(out)}
+    assert {"smollm2-135m", "qwen2.5-coder-0.5b"} <= names
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("run", "-m", "no-such-model", "x"), "unknown model"),
+        (("run", "-m", "/nonexistent/file.gguf", "x"), "does not exist"),
+        (("tokenize", "-m", "nope", "x"), "unknown model"),
+        (("run", "-b", "warp-drive", "-m", "{model}", "x"), "unknown backend"),
+        (("run", "-m", "{model}", "-t", "-1", "x"), "temperature"),
+        (("run", "-m", "{model}", "-b", "cpu", "--ctx", "4", "a b c d e f g h"), "context"),
+        (("perplexity", "-m", "{model}", "-f", "/nonexistent.txt"), "cannot read"),
+    ],
+)
+def test_bad_input_is_one_line_on_stderr(capsys, home, model_path, argv, message):
+    rc, out, err = cli(capsys, *(a.replace("{model}", model_path) for a in argv))
+    assert rc == 1 and out == ""
+    assert err.startswith("parity: error: ") and err.count("\n") == 1 and message in err
+
+
+def test_not_a_gguf_file(capsys, home, tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model at all")
+    rc, out, err = cli(capsys, "run", "-m", str(bad), "x")
+    assert rc == 1 and out == "" and err.count("\n") == 1
