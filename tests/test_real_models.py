@@ -1,0 +1,47 @@
+"""End to end on the real models (skipped where a model is not pulled; CI pulls SmolLM2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import parity
+
+
+@pytest.fixture(scope="module")
+def smollm2(real_model):
+    with parity.load(real_model("smollm2-135m"), backend="cpu", n_ctx=256) as model:
+        yield model
+
+
+@pytest.fixture(scope="module")
+def qwen(real_model):
+    with parity.load(real_model("qwen2.5-coder-0.5b"), backend="cpu", n_ctx=256) as model:
+        yield model
+
+
+def test_smollm2_knows_the_capital_of_france(smollm2):
+    gen = smollm2.generate("The capital of France is", max_tokens=3, temperature=0).complete()
+    assert gen.text.startswith(" Paris.")
+
+
+def test_smollm2_decode_equals_prefill_bit_for_bit(smollm2):
+    ids = smollm2.tokenize("The quick brown fox jumps over")
+    full = smollm2.logits(ids)
+    smollm2.reset()
+    session = smollm2.session
+    rows = [session.prefill(ids[:3], greedy=False).copy()]
+    rows += [session.step(t, greedy=False).copy() for t in ids[3:]]
+    assert np.stack(rows).tobytes() == full[2:].tobytes()
+
+
+def test_smollm2_chat_stops_at_end_of_turn(smollm2):
+    gen = smollm2.chat(
+        [{"role": "user", "content": "Say hello."}], max_tokens=24, temperature=0
+    ).complete()
+    assert gen.finish_reason in ("eos", "length") and "<|im_end|>" not in gen.text
+
+
+def test_qwen_writes_python(qwen):
+    gen = qwen.generate("def fibonacci(n):", max_tokens=8, temperature=0).complete()
+    assert gen.text.startswith("\n    if n <")
