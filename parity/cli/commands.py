@@ -312,6 +312,7 @@ def perplexity(args: argparse.Namespace) -> int:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ParityError(f"cannot read {path} as UTF-8 text: {e}") from None
+    text = text.removesuffix("\n")  # as llama.cpp's -f does, so the token streams agree
     n_ctx = args.ctx or 512
     model = _load(args, n_ctx=n_ctx)
 
