@@ -4,10 +4,10 @@ fallback, the sandbox, template errors and message validation."""
 from __future__ import annotations
 
 import pytest
-from gguf import GGUFReader
 
 from parity.errors import ChatTemplateError
 from parity.models.chat import CHATML, ChatTemplate
+from parity.models.gguf_file import read_model_file
 
 KEYS = (
     "tokenizer.chat_template",
@@ -19,14 +19,13 @@ KEYS = (
 
 @pytest.fixture(scope="module")
 def model_metadata(real_model):
-    """``model_metadata(name)``: the template keys of a real model, read with the gguf package
-    (once per model: GGUFReader parses the whole header, seconds for Qwen's vocabulary)."""
+    """``model_metadata(name)``: the template keys of a real model, read once per model."""
     cache: dict[str, dict[str, object]] = {}
 
     def read(name: str) -> dict[str, object]:
         if name not in cache:
-            fields = GGUFReader(real_model(name)).fields
-            cache[name] = {k: fields[k].contents() for k in KEYS if k in fields}
+            metadata = read_model_file(real_model(name)).metadata
+            cache[name] = {k: metadata[k] for k in KEYS if k in metadata}
         return cache[name]
 
     return read

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFReader
 
 from parity.errors import TokenizerError
+from parity.models.gguf_file import read_model_file
 from parity.models.tokenizer import PRE_TOKENIZERS, Tokenizer, TokenType
 
 FIXTURES = json.loads((Path(__file__).parent / "data" / "llamacpp_tokens.json").read_text("utf-8"))
@@ -22,16 +22,7 @@ MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b")
 
 @functools.cache
 def real_tokenizer(path: Path) -> Tokenizer:
-    # the gguf package until parity.models.gguf_file lands (then read_model_file(path).metadata)
-    fields = GGUFReader(path).fields
-    metadata = {}
-    for key, field in fields.items():
-        if key.startswith("tokenizer."):
-            value = field.contents()
-            if isinstance(value, list) and value and not isinstance(value[0], str):
-                value = np.asarray(value)  # numeric arrays arrive as numpy arrays
-            metadata[key] = value
-    return Tokenizer.from_metadata(metadata)
+    return Tokenizer.from_metadata(read_model_file(path).metadata)
 
 
 @pytest.fixture(params=MODELS)
