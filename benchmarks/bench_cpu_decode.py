@@ -1,17 +1,28 @@
-"""Whole-model speed of the cpu oracle on synthetic twins of the real models.
+"""Whole-model speed of the cpu oracle on synthetic twins of the real models, numpy and numba
+kernels compared in one run.
 
-    python benchmarks/bench_cpu_decode.py [--model smollm2-135m] [--prompt 32] [--steps 16]
+    python benchmarks/bench_cpu_decode.py [--model smollm2-135m] [--kernels numpy numba]
+        [--prefill 128 512] [--prompt 32] [--steps 24] [--repeats 3] [--threads N] [--cold]
 
-Times prefill of a prompt and greedy-sized decode steps (median after warm-up) through the
-same graph, scheduler and runtime a real model uses. Weights are random, so only speed means
-anything here.
+Per model and kernels, ``--repeats`` times on a fresh backend: the first decode step
+(``first_call_s``: weight preparation and, for numba, loading the compiled kernels from the
+cache), a prefill of each ``--prefill`` length, then ``--steps`` decode steps after a
+``--prompt``-token prefill (the median step after 2 warm-up steps). Reported: the median over
+repeats and the spread (min-max). ``--cold`` also times the first call with an empty numba
+cache, in a subprocess, which is what a first run on a new machine pays. Weights are random
+payloads in the real files' layouts and quant types; only speed means anything here.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -20,58 +31,130 @@ from parity.backends.cpu.backend import CpuBackend
 from parity.core.backend import Device
 from parity.core.params import GraphParams
 from parity.core.runtime import Runtime
-from parity.models.decoder import DecoderGraphs, graph_inputs
+from parity.models.decoder import DecoderGraphs, DecoderSpec, graph_inputs
 from parity.models.synthetic import REAL_SPECS, synthetic_twin
 
 
-def bench(name: str, prompt: int, steps: int, n_ctx: int) -> dict:
-    spec, weights = synthetic_twin(name)
-    runtime = Runtime([CpuBackend(Device("cpu"))], weights)
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, spec.n_vocab, prompt + steps + 2, dtype=np.int32)
-
+def measure(
+    spec: DecoderSpec, weights: dict, kernels: str, threads: int | None, args: argparse.Namespace
+) -> dict:
+    """One fresh backend: first call, prefills, decode steps."""
+    n_ctx = max([args.prompt + args.steps + 1, *args.prefill])
     graphs = DecoderGraphs(spec)
-    t0 = time.perf_counter()
-    warm = graphs(GraphParams(n_tokens=1, n_ctx=n_ctx, output="argmax"))
-    runtime.run(warm, graph_inputs(tokens[:1], 0))  # unpacks every weight once
-    first_use_s = time.perf_counter() - t0
-    runtime.reset()
-
-    pre = graphs(GraphParams(n_tokens=prompt, n_ctx=n_ctx, output="argmax"))
-    t0 = time.perf_counter()
-    runtime.run(pre, graph_inputs(tokens[:prompt], 0))
-    prefill_s = time.perf_counter() - t0
-
+    tokens = np.random.default_rng(0).integers(0, spec.n_vocab, n_ctx, dtype=np.int32)
     step = graphs(GraphParams(n_tokens=1, n_ctx=n_ctx, output="argmax"))
+
+    t0 = time.perf_counter()
+    runtime = Runtime([CpuBackend(Device("cpu"), kernels=kernels, threads=threads)], weights)
+    runtime.run(step, graph_inputs(tokens[:1], 0))
+    out = {"first_call_s": time.perf_counter() - t0}
+
+    for n in args.prefill:
+        runtime.reset()
+        graph = graphs(GraphParams(n_tokens=n, n_ctx=n_ctx, n_out=1, output="argmax"))
+        t0 = time.perf_counter()
+        runtime.run(graph, graph_inputs(tokens[:n], 0))
+        out[f"prefill{n}_tok_s"] = n / (time.perf_counter() - t0)
+
+    runtime.reset()
+    prompt = graphs(GraphParams(n_tokens=args.prompt, n_ctx=n_ctx, n_out=1, output="argmax"))
+    runtime.run(prompt, graph_inputs(tokens[: args.prompt], 0))
     times = []
-    for i in range(steps):
-        pos = prompt + i
+    for i in range(args.steps):
+        pos = args.prompt + i
         t0 = time.perf_counter()
         runtime.run(step, graph_inputs(tokens[pos : pos + 1], pos))
         times.append(time.perf_counter() - t0)
-    step_s = statistics.median(times[2:] if steps > 4 else times)
+    out["decode_step_ms"] = statistics.median(times[2:] if args.steps > 4 else times) * 1e3
+    return out
+
+
+def cold_first_call(model: str, kernels: str, threads: int | None) -> float:
+    """First call with an empty numba cache, in a fresh process (so nothing is compiled yet)."""
+    code = (
+        "import sys, time, numpy as np\n"
+        "from benchmarks.bench_cpu_decode import first_call\n"
+        f"print(first_call({model!r}, {kernels!r}, {threads!r}))\n"
+    )
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache}
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True
+        )
+    if done.returncode:
+        raise RuntimeError(done.stderr)
+    return float(done.stdout.split()[-1])
+
+
+def first_call(model: str, kernels: str, threads: int | None) -> float:
+    """Seconds from a new backend to the end of its first decode step (weights already built)."""
+    spec, weights = synthetic_twin(model)
+    step = DecoderGraphs(spec)(GraphParams(n_tokens=1, n_ctx=64, output="argmax"))
+    t0 = time.perf_counter()
+    runtime = Runtime([CpuBackend(Device("cpu"), kernels=kernels, threads=threads)], weights)
+    runtime.run(step, graph_inputs(np.zeros(1, np.int32), 0))
+    return time.perf_counter() - t0
+
+
+def summary(runs: list[dict]) -> dict:
+    """Median and (min, max) of every metric over the repeats."""
+    out = {}
+    for key in runs[0]:
+        values = [r[key] for r in runs]
+        out[key] = round(statistics.median(values), 3)
+        out[key + "_range"] = [round(min(values), 3), round(max(values), 3)]
+    out["decode_tok_s"] = round(1e3 / out["decode_step_ms"], 1)
+    return out
+
+
+def machine() -> dict:
+    import numba
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True)
+        commit += " (uncommitted changes)" if dirty.stdout.strip() else ""
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
     return {
-        "model": name,
-        "weights_mb": round(sum(w.nbytes for w in weights.values()) / 1e6, 1),
-        "first_use_s": round(first_use_s, 2),
-        "prefill_tokens": prompt,
-        "prefill_tok_s": round(prompt / prefill_s, 1),
-        "decode_step_ms": round(step_s * 1e3, 2),
-        "decode_tok_s": round(1 / step_s, 1),
+        "commit": commit,
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "load_avg": [round(v, 2) for v in os.getloadavg()],
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", action="append", choices=sorted(REAL_SPECS))
+    ap.add_argument("--kernels", nargs="+", default=["numpy", "numba"], choices=["numpy", "numba"])
+    ap.add_argument("--prefill", type=int, nargs="*", default=[128, 512])
     ap.add_argument("--prompt", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--n-ctx", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="numba threads (default: all)")
+    ap.add_argument("--cold", action="store_true", help="also time a first call, empty cache")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    print(json.dumps(machine()) if args.json else machine())
     for name in args.model or sorted(REAL_SPECS):
-        result = bench(name, args.prompt, args.steps, args.n_ctx)
-        print(json.dumps(result) if args.json else "  ".join(f"{k}={v}" for k, v in result.items()))
+        spec, weights = synthetic_twin(name)
+        for kernels in args.kernels:
+            runs = [
+                measure(spec, weights, kernels, args.threads, args) for _ in range(args.repeats)
+            ]
+            result = {"model": name, "kernels": kernels, **summary(runs)}
+            if args.cold and kernels == "numba":
+                result["first_call_cold_s"] = round(cold_first_call(name, kernels, args.threads), 2)
+            result["load_avg"] = [round(v, 2) for v in os.getloadavg()]
+            line = "  ".join(f"{k}={v}" for k, v in result.items())
+            print(json.dumps(result) if args.json else line, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,11 @@
-"""Time the numpy oracle's MATMUL on the real models' weight shapes and quant types.
+"""Time the cpu oracle's MATMUL on the real models' weight shapes and quant types.
 
-    python benchmarks/bench_quant_matmul.py [--tokens 1 64] [--repeats 5] [--json]
+    python benchmarks/bench_quant_matmul.py [--tokens 1 64] [--repeats 5] [--kernels numba]
+        [--json]
+
+``--kernels numpy`` (the default) times ``parity.quant.matmul`` on float32 planes, ``numba``
+the compiled kernel on the packed bytes (on every core numba may use), activation
+quantization included in both.
 
 Weights are random payloads in the real layouts (``parity.quant.synthetic``); speed does not
 depend on the values. GB/s counts the packed (GGUF) weight bytes read per call.
@@ -16,6 +21,8 @@ import time
 
 import numpy as np
 
+from parity.core.dtypes import DType
+from parity.core.weights import WeightData
 from parity.quant import matmul, prepare_weight
 from parity.quant.synthetic import random_weight
 
@@ -69,6 +76,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--model", choices=sorted(MODELS), action="append", help="default: all")
+    parser.add_argument("--kernels", choices=["numpy", "numba"], default="numpy")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args()
 
@@ -79,10 +87,10 @@ def main() -> None:
         _, shapes = MODELS[model]
         for name, qtype, n, k, count in shapes:
             raw = random_weight(qtype, (n, k), rng)
-            weight = prepare_weight(qtype, raw, (n, k))
+            weight, fn = _prepared(args.kernels, qtype, raw, (n, k))
             for t in args.tokens:
                 x = rng.standard_normal((t, k)).astype(np.float32)
-                sec = time_call(lambda x=x, w=weight: matmul(x, w), args.repeats, args.warmup)
+                sec = time_call(lambda x=x, w=weight, f=fn: f(x, w), args.repeats, args.warmup)
                 rows.append(
                     {"model": model, "weight": name, "type": qtype, "N": n, "K": k, "T": t,
                      "count": count, "ms": sec * 1e3, "gbps": raw.nbytes / sec / 1e9}
@@ -92,6 +100,7 @@ def main() -> None:
             del weight
 
     machine = {
+        "kernels": args.kernels,
         "machine": platform.machine(),
         "python": platform.python_version(),
         "numpy": np.__version__,
@@ -113,6 +122,15 @@ def main() -> None:
             print(
                 f"{model}: all matmuls of one forward at T={t}: {ms:.1f} ms ({ms / t:.2f} ms/token)"
             )
+
+
+def _prepared(kernels: str, qtype: str, raw: np.ndarray, shape: tuple[int, int]) -> tuple:
+    """(weight in the kernels' working form, matmul function)."""
+    if kernels == "numpy":
+        return prepare_weight(qtype, raw, shape), matmul
+    from parity.backends.cpu.jit.ops import matmul_op, pack_weight
+
+    return pack_weight(WeightData("w", DType.parse(qtype), shape, raw)), matmul_op
 
 
 def _blas_name() -> str:

@@ -186,3 +186,16 @@ def test_op_matches_oracle_bitwise(backend_cls, opcase):
     for i in opcase.graph.outputs:
         assert got[i].dtype == want[i].dtype and got[i].shape == want[i].shape
         assert got[i].tobytes() == want[i].tobytes(), f"%{i} differs from the cpu oracle"
+
+
+@pytest.mark.parametrize("opcase", CASES, ids=[c.id for c in CASES])
+def test_cpu_numba_kernels_match_the_numpy_definition(opcase):
+    """The cpu backend's two implementations of every op give the same bits."""
+    runs = [
+        Runtime([CpuBackend(Device("cpu"), kernels=kernels)], opcase.weights).run(
+            opcase.graph, opcase.inputs
+        )
+        for kernels in ("numpy", "numba")
+    ]
+    for i in opcase.graph.outputs:
+        assert runs[1][i].tobytes() == runs[0][i].tobytes(), f"%{i} differs"

@@ -3,6 +3,8 @@ not move real weights ("synthetic twins")."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from parity.core.dtypes import DType
@@ -12,7 +14,7 @@ from parity.quant.synthetic import random_weight
 
 
 # layer weight -> (dtype, rows, cols) as functions of the spec
-def _layer_tensors(spec: DecoderSpec, types: dict[str, DType]) -> dict[str, tuple]:
+def _layer_tensors(spec: DecoderSpec, types: Mapping[str, DType]) -> dict[str, tuple]:
     e, kv, f = spec.n_embd, spec.n_head_kv * spec.head_dim, spec.n_ff
     q = spec.n_head * spec.head_dim
     tensors = {
@@ -55,16 +57,21 @@ QUANT_MIXES = {
 
 
 def synthetic_model(
-    spec: DecoderSpec, seed: int = 0, types: dict[str, DType | None] | None = None
+    spec: DecoderSpec,
+    seed: int = 0,
+    types: Mapping[str, DType | None] | None = None,
+    layer_types: Mapping[int, Mapping[str, DType]] | None = None,
 ) -> tuple[DecoderSpec, dict[str, WeightData]]:
-    """Random weights in ``spec``'s layout; ``types`` overrides the arch's quant mix.
+    """Random weights in ``spec``'s layout; ``types`` overrides the arch's quant mix and
+    ``layer_types[il]`` the mix of layer ``il`` (roles as in QUANT_MIXES).
     ``types["output"] = None`` ties the output projection to the token embedding."""
     types = {**QUANT_MIXES[spec.arch], **(types or {})}
     rng = np.random.default_rng(seed)
     e = spec.n_embd
     tensors: dict[str, tuple] = {"token_embd.weight": (types["embd"], (spec.n_vocab, e))}
     for il in range(spec.n_layer):
-        for name, t in _layer_tensors(spec, types).items():
+        mix = {**types, **(layer_types or {}).get(il, {})}
+        for name, t in _layer_tensors(spec, mix).items():
             tensors[f"blk.{il}.{name}"] = t
     tensors["output_norm.weight"] = (DType.F32, (e,))
     if types["output"] is not None:
@@ -113,14 +120,26 @@ REAL_SPECS = {
         rms_eps=float(np.float32(1e-6)),
     ),
 }  # fmt: skip
-# Q4_K_M where rows of 896 cannot hold 256-blocks: llama.cpp falls back to Q5_0 / Q8_0
+# the real files' quant mixes (read from their GGUF headers). Qwen2.5 Q4_K_M: rows of 896
+# cannot hold 256-element blocks, so llama.cpp stores those tensors Q5_0, and gives the
+# "more bits" layers Q8_0 attn_v and Q6_K ffn_down (Q4_K elsewhere); the output is untied Q8_0
 REAL_MIXES = {
     "smollm2-135m": QUANT_MIXES["llama"],
-    "qwen2.5-coder-0.5b": {"attn": DType.Q5_0, "attn_v": DType.Q8_0, "ffn": DType.Q5_0,
-                           "ffn_down": DType.Q6_K, "embd": DType.Q8_0, "output": None},
+    "qwen2.5-coder-0.5b": {"attn": DType.Q5_0, "attn_v": DType.Q5_0, "ffn": DType.Q5_0,
+                           "ffn_down": DType.Q4_K, "embd": DType.Q5_0, "output": DType.Q8_0},
 }  # fmt: skip
+REAL_LAYER_TYPES: dict[str, dict[int, dict[str, DType]]] = {
+    "smollm2-135m": {},
+    "qwen2.5-coder-0.5b": {
+        il: {"attn_v": DType.Q8_0, "ffn_down": DType.Q6_K}
+        for il in (0, 1, 3, 6, 7, 8, 9, 10, 13, 16, 19, 21)
+    },
+}
+"""Per-layer departures from REAL_MIXES, as the real files have them."""
 
 
 def synthetic_twin(name: str, seed: int = 0) -> tuple[DecoderSpec, dict[str, WeightData]]:
-    """A real model's shapes and quant mix with random weights."""
-    return synthetic_model(REAL_SPECS[name], seed=seed, types=REAL_MIXES[name])
+    """A real model's shapes and quant mix (per layer) with random weights."""
+    return synthetic_model(
+        REAL_SPECS[name], seed=seed, types=REAL_MIXES[name], layer_types=REAL_LAYER_TYPES[name]
+    )

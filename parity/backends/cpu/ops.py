@@ -25,13 +25,13 @@ _ROPE_MODES = ("normal", "neox")
 # --- argument checks: every message names the op and what to fix ---------------------------
 
 
-def _rows(op: str, x: np.ndarray, what: str = "x") -> None:
+def check_rows(op: str, x: np.ndarray, what: str = "x") -> None:
     if not isinstance(x, np.ndarray) or x.dtype != F32 or x.ndim != 2:
         got = f"{x.dtype}{list(x.shape)}" if isinstance(x, np.ndarray) else type(x).__name__
         raise ValueError(f"{op}: {what} must be a float32 (n_tokens, width) array, got {got}")
 
 
-def _positions(op: str, positions: np.ndarray, n_tokens: int, limit: int, what: str) -> None:
+def check_positions(op: str, positions: np.ndarray, n_tokens: int, limit: int, what: str) -> None:
     if (
         not isinstance(positions, np.ndarray)
         or positions.dtype != np.int32
@@ -49,8 +49,8 @@ def _positions(op: str, positions: np.ndarray, n_tokens: int, limit: int, what: 
         raise ValueError(f"{op}: position {p} is outside {what} rows 0..{limit - 1}")
 
 
-def _elementwise(op: str, a: np.ndarray, b: np.ndarray) -> None:
-    _rows(op, a, "a")
+def check_elementwise(op: str, a: np.ndarray, b: np.ndarray) -> None:
+    check_rows(op, a, "a")
     if not isinstance(b, np.ndarray) or b.dtype != F32 or b.shape not in (a.shape, a.shape[1:]):
         got = f"{b.dtype}{list(b.shape)}" if isinstance(b, np.ndarray) else type(b).__name__
         raise ValueError(
@@ -84,34 +84,46 @@ def slice_rows(x: np.ndarray, start: int, count: int) -> np.ndarray:
 
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """fl(a + b); ``b`` is ``a``'s shape or a (width,) row vector added to every row."""
-    _elementwise("add", a, b)
+    check_elementwise("add", a, b)
     return a + b
 
 
 def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """fl(a * b); ``b`` is ``a``'s shape or a (width,) row vector multiplied into every row."""
-    _elementwise("mul", a, b)
+    check_elementwise("mul", a, b)
     return a * b
 
 
 def silu(x: np.ndarray) -> np.ndarray:
     """fl(x / fl(1 + exp(-x))): x <= -89 gives -0.0 (x / inf), silu(-inf) is NaN (inf / inf)."""
-    _rows("silu", x)
+    check_rows("silu", x)
     with np.errstate(invalid="ignore"):  # -inf / inf = NaN is the contract's answer
         d = F32(1) + exp(-x)
         return x / d
 
 
-def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """fl(silu(gate) * up), with gate and up of one shape."""
-    _rows("swiglu", gate, "gate")
-    _rows("swiglu", up, "up")
+def check_swiglu(gate: np.ndarray, up: np.ndarray) -> None:
+    """ValueError unless gate and up are float32 (n_tokens, width) arrays of one shape."""
+    check_rows("swiglu", gate, "gate")
+    check_rows("swiglu", up, "up")
     if gate.shape != up.shape:
         raise ValueError(f"swiglu: gate {list(gate.shape)} and up {list(up.shape)} must match")
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """fl(silu(gate) * up), with gate and up of one shape."""
+    check_swiglu(gate, up)
     return silu(gate) * up
 
 
 # --- normalization ---------------------------------------------------------------------------
+
+
+def check_rms_norm(x: np.ndarray, eps: float) -> None:
+    """ValueError unless x is float32 (n_tokens, width) and eps positive and exact in float32."""
+    check_rows("rms_norm", x)
+    if not (float(F32(eps)) == eps and eps > 0):
+        raise ValueError(f"rms_norm: eps must be positive and exact in float32, got {eps!r}")
 
 
 def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
@@ -120,9 +132,7 @@ def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
     ``eps`` must be exactly representable in float32. A row whose squares overflow (|x| above
     ~1.8e19) has ss = inf, so its scale is 0 and it comes out as zeros (NaN where x is inf).
     """
-    _rows("rms_norm", x)
-    if not (float(F32(eps)) == eps and eps > 0):
-        raise ValueError(f"rms_norm: eps must be positive and exact in float32, got {eps!r}")
+    check_rms_norm(x, eps)
     width = F32(x.shape[1])
     with np.errstate(over="ignore", invalid="ignore"):
         sq = x * x  # (n_tokens, width)
@@ -147,6 +157,34 @@ def matmul(x: np.ndarray, weight: PreparedWeight, bias: np.ndarray | None = None
 # --- positions -------------------------------------------------------------------------------
 
 
+def check_rope(
+    x: np.ndarray,
+    positions: np.ndarray,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    *,
+    n_head: int,
+    head_dim: int,
+    n_rot: int,
+    mode: str,
+) -> None:
+    """ValueError unless ROPE's operands, sizes, mode and positions are valid."""
+    check_rows("rope", x)
+    if mode not in _ROPE_MODES:
+        raise ValueError(f"rope: mode must be one of {_ROPE_MODES}, got {mode!r}")
+    if x.shape[1] != n_head * head_dim:
+        raise ValueError(f"rope: x width {x.shape[1]} != n_head * head_dim = {n_head * head_dim}")
+    if not (0 < n_rot <= head_dim and n_rot % 2 == 0):
+        raise ValueError(f"rope: n_rot must be even and in (0, head_dim={head_dim}], got {n_rot}")
+    half = n_rot // 2
+    for name, t in (("cos", cos), ("sin", sin)):
+        if not isinstance(t, np.ndarray) or t.dtype != F32 or t.ndim != 2 or t.shape[1] != half:
+            raise ValueError(f"rope: {name} must be a float32 (n_ctx, {half}) table")
+    if cos.shape != sin.shape:
+        raise ValueError(f"rope: cos {list(cos.shape)} and sin {list(sin.shape)} differ")
+    check_positions("rope", positions, x.shape[0], cos.shape[0], "the rope tables'")
+
+
 def rope(
     x: np.ndarray,
     positions: np.ndarray,
@@ -163,21 +201,8 @@ def rope(
     Pairs are (2i, 2i+1) in mode "normal" and (i, i + n_rot/2) in mode "neox", both using table
     column i: x0' = fl(fl(x0 c) - fl(x1 s)), x1' = fl(fl(x0 s) + fl(x1 c)). Dims >= n_rot pass.
     """
-    _rows("rope", x)
-    if mode not in _ROPE_MODES:
-        raise ValueError(f"rope: mode must be one of {_ROPE_MODES}, got {mode!r}")
-    if x.shape[1] != n_head * head_dim:
-        raise ValueError(f"rope: x width {x.shape[1]} != n_head * head_dim = {n_head * head_dim}")
-    if not (0 < n_rot <= head_dim and n_rot % 2 == 0):
-        raise ValueError(f"rope: n_rot must be even and in (0, head_dim={head_dim}], got {n_rot}")
+    check_rope(x, positions, cos, sin, n_head=n_head, head_dim=head_dim, n_rot=n_rot, mode=mode)
     half = n_rot // 2
-    for name, t in (("cos", cos), ("sin", sin)):
-        if not isinstance(t, np.ndarray) or t.dtype != F32 or t.ndim != 2 or t.shape[1] != half:
-            raise ValueError(f"rope: {name} must be a float32 (n_ctx, {half}) table")
-    if cos.shape != sin.shape:
-        raise ValueError(f"rope: cos {list(cos.shape)} and sin {list(sin.shape)} differ")
-    _positions("rope", positions, x.shape[0], cos.shape[0], "the rope tables'")
-
     xh = x.reshape(x.shape[0], n_head, head_dim)  # (n_tokens, n_head, head_dim)
     c = cos[positions][:, None, :]  # (n_tokens, 1, n_rot // 2)
     s = sin[positions][:, None, :]
@@ -201,15 +226,45 @@ def kv_write(cache: np.ndarray, rows: np.ndarray, positions: np.ndarray) -> np.n
 
     Positions must be distinct and inside the cache (a GPU could write duplicates in any order).
     """
-    _rows("kv_write", cache, "cache")
-    _rows("kv_write", rows, "rows")
+    check_rows("kv_write", cache, "cache")
+    check_rows("kv_write", rows, "rows")
     if rows.shape[1] != cache.shape[1]:
         raise ValueError(f"kv_write: rows width {rows.shape[1]} != cache width {cache.shape[1]}")
-    _positions("kv_write", positions, rows.shape[0], cache.shape[0], "the cache's")
-    if np.unique(positions).size != positions.size:
+    check_positions("kv_write", positions, rows.shape[0], cache.shape[0], "the cache's")
+    if positions.size > 1 and np.unique(positions).size != positions.size:
         raise ValueError("kv_write: positions must be distinct within one write")
     cache[positions] = rows
     return cache
+
+
+def check_attention(
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    positions: np.ndarray,
+    *,
+    n_head: int,
+    n_head_kv: int,
+    head_dim: int,
+    scale: float,
+) -> None:
+    """ValueError unless ATTENTION's operands, head counts, scale and positions are valid."""
+    check_rows("attention", q, "q")
+    check_rows("attention", k_cache, "k_cache")
+    check_rows("attention", v_cache, "v_cache")
+    if n_head_kv < 1 or n_head % n_head_kv:
+        raise ValueError(f"attention: n_head {n_head} must be a multiple of n_head_kv {n_head_kv}")
+    if q.shape[1] != n_head * head_dim:
+        raise ValueError(f"attention: q width {q.shape[1]} != n_head * head_dim")
+    kv_width = n_head_kv * head_dim
+    if k_cache.shape[1] != kv_width or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"attention: caches must both be (n_ctx, {kv_width}), "
+            f"got {list(k_cache.shape)} and {list(v_cache.shape)}"
+        )
+    if float(F32(scale)) != scale:
+        raise ValueError(f"attention: scale must be exact in float32, got {scale!r}")
+    check_positions("attention", positions, q.shape[0], k_cache.shape[0], "the caches'")
 
 
 def attention(
@@ -238,23 +293,16 @@ def attention(
     order, on all (token, head) rows of a block side by side. No row's operations depend on
     which other rows share its block, so every order and grouping gives the same bits.
     """
-    _rows("attention", q, "q")
-    _rows("attention", k_cache, "k_cache")
-    _rows("attention", v_cache, "v_cache")
-    if n_head_kv < 1 or n_head % n_head_kv:
-        raise ValueError(f"attention: n_head {n_head} must be a multiple of n_head_kv {n_head_kv}")
-    if q.shape[1] != n_head * head_dim:
-        raise ValueError(f"attention: q width {q.shape[1]} != n_head * head_dim")
-    kv_width = n_head_kv * head_dim
-    if k_cache.shape[1] != kv_width or v_cache.shape != k_cache.shape:
-        raise ValueError(
-            f"attention: caches must both be (n_ctx, {kv_width}), "
-            f"got {list(k_cache.shape)} and {list(v_cache.shape)}"
-        )
-    if float(F32(scale)) != scale:
-        raise ValueError(f"attention: scale must be exact in float32, got {scale!r}")
-    _positions("attention", positions, q.shape[0], k_cache.shape[0], "the caches'")
-
+    check_attention(
+        q,
+        k_cache,
+        v_cache,
+        positions,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim=head_dim,
+        scale=scale,
+    )
     out = np.empty_like(q)  # (n_tokens, n_head * head_dim)
     n_tok = q.shape[0]
     if n_tok == 0:
@@ -409,7 +457,7 @@ def _attention_block(
 def argmax(x: np.ndarray) -> np.ndarray:
     """Per row, the int32 index of the maximum: the first on ties; NaN beats every number
     (the first NaN wins), as numpy's argmax does."""
-    _rows("argmax", x)
+    check_rows("argmax", x)
     if x.shape[1] == 0:
         raise ValueError("argmax: rows must have at least one element")
     return np.argmax(x, axis=1).astype(np.int32)

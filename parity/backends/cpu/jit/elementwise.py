@@ -1,0 +1,173 @@
+"""exp, SILU/SWIGLU, RMS_NORM and ROPE, compiled: the numpy definitions of ``ops.py`` and
+``parity.numerics`` one float32 operation at a time, in the same order (docs/numerics.md).
+
+Row kernels take a row range ``lo..hi`` so that the same code runs serially (one range) or in
+parallel (``*_parallel``: ranges in a ``prange``); a row's result never depends on which.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from parity.backends.cpu.jit.compile import kernel
+from parity.backends.cpu.jit.reduce import next_pow2, tree_sum
+from parity.backends.cpu.jit.simd import bits_to_f32
+from parity.numerics import EXP_HI, EXP_LO, EXP_POLY, LN2_HI, LN2_LO, LOG2E
+
+F32 = np.float32
+C7, C6, C5, C4, C3, C2, C1, C0 = EXP_POLY
+
+
+@kernel(inline=True)
+def pow2(n: int) -> np.float32:
+    """2**n as float32 from the exponent bits; n in [-126, 127]."""
+    return bits_to_f32(np.int32((n + 127) << 23))
+
+
+@kernel(inline=True)
+def exp32(x: np.float32) -> np.float32:
+    """The contract's exp (``parity.numerics.exp``) of one float32, step by step."""
+    xc = x
+    if x != x:
+        xc = F32(0)
+    elif x < EXP_LO:
+        xc = EXP_LO
+    elif x > EXP_HI:
+        xc = EXP_HI
+    kf = np.rint(xc * LOG2E)  # round half to even; kf in [-150, 128]
+    r = xc - kf * LN2_HI
+    r = r - kf * LN2_LO
+    p = r * C7  # Horner: fl(C7 * r), fl(p + C6), fl(p * r), ...
+    p = p + C6
+    p = p * r
+    p = p + C5
+    p = p * r
+    p = p + C4
+    p = p * r
+    p = p + C3
+    p = p * r
+    p = p + C2
+    p = p * r
+    p = p + C1
+    p = p * r
+    p = p + C0
+    k = np.int32(kf)
+    k1 = k >> 1  # floor(k / 2)
+    y = (p * pow2(k1)) * pow2(k - k1)
+    if x > EXP_HI:
+        return F32(np.inf)
+    if x < EXP_LO:
+        return F32(0)
+    if x != x:
+        return x
+    return y
+
+
+@kernel()
+def swiglu_rows(gate: np.ndarray, up: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
+    """out = fl(silu(gate) * up), silu(g) = fl(g / fl(1 + exp(-g))), rows lo..hi-1."""
+    for t in range(lo, hi):
+        for i in range(gate.shape[1]):
+            g = gate[t, i]
+            out[t, i] = (g / (F32(1) + exp32(-g))) * up[t, i]
+
+
+@kernel()
+def silu_rows(x: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
+    """out = fl(x / fl(1 + exp(-x))), rows lo..hi-1."""
+    for t in range(lo, hi):
+        for i in range(x.shape[1]):
+            v = x[t, i]
+            out[t, i] = v / (F32(1) + exp32(-v))
+
+
+@kernel()
+def rms_norm_rows(x: np.ndarray, eps: np.float32, out: np.ndarray, lo: int, hi: int) -> None:
+    """Per row: ss = TREE(fl(x * x)), mean = fl(ss / W), scale = fl(1 / fl(sqrt(fl(mean + eps)))),
+    out = fl(x * scale); rows lo..hi-1."""
+    width = x.shape[1]
+    sq = np.empty(next_pow2(width), F32)
+    tmp = np.empty(max(sq.size // 32, 1), F32)
+    for t in range(lo, hi):
+        for i in range(width):
+            sq[i] = x[t, i] * x[t, i]
+        ss = tree_sum(sq, width, tmp)
+        mean = ss / F32(width)
+        r = np.sqrt(mean + eps)
+        scale = F32(1) / r
+        for i in range(width):
+            out[t, i] = x[t, i] * scale
+
+
+@kernel()
+def rope_rows(
+    x: np.ndarray,
+    positions: np.ndarray,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    n_head: int,
+    head_dim: int,
+    n_rot: int,
+    neox: bool,
+    out: np.ndarray,
+    lo: int,
+    hi: int,
+) -> None:
+    """Rotate pairs (2i, 2i+1) ("normal") or (i, i + n_rot/2) ("neox") of every head by table
+    column i of the token's position: fl(fl(x0 c) - fl(x1 s)), fl(fl(x0 s) + fl(x1 c)); dims
+    past n_rot are copied. Rows lo..hi-1; positions already checked."""
+    half = n_rot // 2
+    for t in range(lo, hi):
+        p = positions[t]
+        for i in range(x.shape[1]):
+            out[t, i] = x[t, i]
+        for h in range(n_head):
+            o = h * head_dim
+            for i in range(half):
+                i0 = o + i if neox else o + 2 * i
+                i1 = i0 + half if neox else i0 + 1
+                c, s = cos[p, i], sin[p, i]
+                x0, x1 = x[t, i0], x[t, i1]
+                out[t, i0] = x0 * c - x1 * s
+                out[t, i1] = x0 * s + x1 * c
+
+
+@kernel(parallel=True)
+def swiglu_parallel(gate: np.ndarray, up: np.ndarray, out: np.ndarray, chunks: int) -> None:
+    n = gate.shape[0]
+    for c in prange(chunks):
+        swiglu_rows(gate, up, out, c * n // chunks, (c + 1) * n // chunks)
+
+
+@kernel(parallel=True)
+def silu_parallel(x: np.ndarray, out: np.ndarray, chunks: int) -> None:
+    n = x.shape[0]
+    for c in prange(chunks):
+        silu_rows(x, out, c * n // chunks, (c + 1) * n // chunks)
+
+
+@kernel(parallel=True)
+def rms_norm_parallel(x: np.ndarray, eps: np.float32, out: np.ndarray, chunks: int) -> None:
+    n = x.shape[0]
+    for c in prange(chunks):
+        rms_norm_rows(x, eps, out, c * n // chunks, (c + 1) * n // chunks)
+
+
+@kernel(parallel=True)
+def rope_parallel(
+    x: np.ndarray,
+    positions: np.ndarray,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    n_head: int,
+    head_dim: int,
+    n_rot: int,
+    neox: bool,
+    out: np.ndarray,
+    chunks: int,
+) -> None:
+    n = x.shape[0]
+    for c in prange(chunks):
+        lo, hi = c * n // chunks, (c + 1) * n // chunks
+        rope_rows(x, positions, cos, sin, n_head, head_dim, n_rot, neox, out, lo, hi)
