@@ -27,7 +27,7 @@ def _read_arg_or_stdin(value: str | None, what: str) -> str:
         return value
     if sys.stdin.isatty():
         raise ParityError(f"no {what} given: pass it as an argument or pipe it on stdin")
-    return sys.stdin.read()
+    return sys.stdin.read().removesuffix("\n")  # the newline `echo` adds is not the prompt
 
 
 def _model_ref(args: argparse.Namespace) -> str:
