@@ -50,6 +50,11 @@ def _load(args: argparse.Namespace, *, n_ctx: int | None = None):
         n_ctx=n_ctx if n_ctx is not None else args.ctx,
         config=args.config,
     )
+    if any(getattr(b, "kernel_mode", None) == "numba" for b in model.backends):
+        from parity.backends.cpu.jit.compile import cache_is_warm
+
+        if not cache_is_warm():
+            _err("[first run: compiling the cpu kernels, about 20-30 s; later runs reuse them]")
     if getattr(args, "verbose", False):
         _err(
             f"[{model.name} on {model.backends[0].device.id}, ctx {model.n_ctx}, "

@@ -63,6 +63,11 @@ def _cache_dir() -> str | None:
 CACHE_DIR = _cache_dir()
 
 
+def cache_is_warm() -> bool:
+    """Whether compiled kernels are already on disk (else the first run compiles them)."""
+    return CACHE_DIR is not None and any(Path(CACHE_DIR).rglob("*.nbi"))
+
+
 def kernel(parallel: bool = False, inline: bool = False) -> Callable[[Callable], Any]:
     """Decorator: ``numba.njit`` with the options above. ``parallel`` enables ``prange``;
     ``inline`` splices a small helper into its callers (no call overhead per row)."""
