@@ -9,9 +9,13 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from parity import __version__
 from parity.errors import ParityError
+
+if TYPE_CHECKING:
+    from parity.models.registry import ModelStatus
 
 
 def version() -> str:
@@ -211,11 +215,11 @@ def models(args: argparse.Namespace) -> int:
     return 0
 
 
-def _status_dict(status: object) -> dict:
+def _status_dict(status: ModelStatus) -> dict:
     import attrs
 
-    d = attrs.asdict(status, recurse=False) if attrs.has(type(status)) else dict(vars(status))
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
+    d = attrs.asdict(status)
+    return d | {"path": str(status.path)}
 
 
 def tokenize(args: argparse.Namespace) -> int:

@@ -99,14 +99,13 @@ class Generation:
 
     def _run(self) -> Iterator[Piece]:
         session, stats = self.session, self.stats
-        before = session.tokens
         t0 = time.perf_counter()
         if self.max_tokens == 0:
             self.finish_reason = "length"
             yield Piece("", None, "length")
             return
         out = session.prefill(self.prompt, greedy=self.greedy)
-        stats.reused_tokens = _common_prefix(before, self.prompt)
+        stats.reused_tokens = session.reused
         token = self._pick(out)
         stats.prefill_s = time.perf_counter() - t0
         decoder = self.tokenizer.stream_decoder()
@@ -148,12 +147,3 @@ class Generation:
             emit += tail
         self.finish_reason = reason
         return Piece(emit, token, reason)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return min(n, max(len(b) - 1, 0))

@@ -83,12 +83,7 @@ class Model:
 
     @cached_property
     def template(self) -> ChatTemplate:
-        return ChatTemplate.from_metadata(self.file.metadata, self.tokenizer_tokens)
-
-    @property
-    def tokenizer_tokens(self) -> Sequence[str] | None:
-        tokens = self.file.metadata.get("tokenizer.ggml.tokens")
-        return tokens if isinstance(tokens, list) else None
+        return ChatTemplate.from_metadata(self.file.metadata)
 
     # -- text ------------------------------------------------------------------------------
 

@@ -35,11 +35,13 @@ class Session:
         self.n_batch = min(n_batch, n_ctx)
         self.n_vocab = graphs.spec.n_vocab
         self.tokens: list[int] = []  # what the cache holds, position by position
+        self.reused = 0  # prompt tokens the last prefill took from the cache
         self._logits = np.empty((1, self.n_vocab), np.float32)
         self._argmax = np.empty((1,), np.int32)
         self._step_tokens = np.empty((1,), np.int32)
         self._step_pos = np.empty((1,), np.int32)
         self._step_inputs = {"tokens": self._step_tokens, "positions": self._step_pos}
+        self._step_graphs = {g: graphs(self._graph_params(1, 1, g)) for g in (False, True)}
 
     def reset(self) -> None:
         """Forget the cached tokens; the next prompt is evaluated from position 0."""
@@ -85,6 +87,7 @@ class Session:
         keep = min(keep, len(prompt) - 1)  # the last token must run to produce output
         ids = self._ids(prompt)
         self.tokens = list(self.tokens[:keep])
+        self.reused = keep
         out: np.ndarray | None = None
         for start in range(keep, len(ids), self.n_batch):
             chunk = ids[start : start + self.n_batch]
@@ -101,7 +104,7 @@ class Session:
         self.check_fits(pos + 1, "the sequence")
         self._step_tokens[0] = token
         self._step_pos[0] = pos
-        graph = self.graphs(self._graph_params(1, 1, greedy))
+        graph = self._step_graphs[greedy]  # built once: a step allocates no graph params
         out_buf = self._argmax if greedy else self._logits
         self.runtime.run(graph, self._step_inputs, out={graph.outputs[0]: out_buf})
         self.tokens.append(int(token))
