@@ -18,44 +18,31 @@ import json
 import platform
 import statistics
 import time
+from collections import Counter
 
 import numpy as np
 
 from parity.core.dtypes import DType
 from parity.core.weights import WeightData
+from parity.models.synthetic import twin_layout
 from parity.quant import matmul, prepare_weight
 from parity.quant.synthetic import random_weight
 
-# (name, quant type, N, K, how many per model forward)
-SMOLLM2 = (
-    30,
-    [  # SmolLM2-135M Q4_1: 30 layers, output tied to the Q8_0 token embedding
-        ("q", "Q4_1", 576, 576, 30),
-        ("k", "Q4_1", 192, 576, 30),
-        ("v", "Q4_1", 192, 576, 30),
-        ("o", "Q4_1", 576, 576, 30),
-        ("gate", "Q4_1", 1536, 576, 30),
-        ("up", "Q4_1", 1536, 576, 30),
-        ("down", "Q4_1", 576, 1536, 30),
-        ("output", "Q8_0", 49152, 576, 1),
-    ],
-)
-QWEN25 = (
-    24,
-    [  # Qwen2.5-0.5B Q4_K_M: K = 896 is no multiple of 256, so Q4_K -> Q5_0, Q6_K -> Q8_0
-        ("q", "Q5_0", 896, 896, 24),
-        ("k", "Q5_0", 128, 896, 24),
-        ("v", "Q8_0", 128, 896, 12),  # the Q6_K ("more bits") half of the layers
-        ("v", "Q5_0", 128, 896, 12),
-        ("o", "Q5_0", 896, 896, 24),
-        ("gate", "Q5_0", 4864, 896, 24),
-        ("up", "Q5_0", 4864, 896, 24),
-        ("down", "Q6_K", 896, 4864, 12),
-        ("down", "Q4_K", 896, 4864, 12),
-        ("output", "Q8_0", 151936, 896, 1),
-    ],
-)
-MODELS = {"smollm2-135m": SMOLLM2, "qwen2.5-0.5b": QWEN25}
+MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b")
+
+
+def matmul_shapes(model: str) -> list[tuple[str, str, int, int, int]]:
+    """(weight, quant type, N, K, how many per forward) of every MATMUL in one forward of the
+    real model's layout (parity.models.synthetic), the head included: ``output`` or, when
+    tied, the token embedding."""
+    layout = twin_layout(model)
+    head = "output.weight" if "output.weight" in layout else "token_embd.weight"
+    counts: Counter[tuple[str, str, int, int]] = Counter()
+    for name, (dtype, shape) in layout.items():
+        if len(shape) == 2 and (name.startswith("blk.") or name == head):
+            role = name.split(".")[-2] if name.startswith("blk.") else "output"
+            counts[role, dtype.name, *shape] += 1
+    return [(*key, n) for key, n in counts.items()]
 
 
 def time_call(fn, repeats: int, warmup: int) -> float:
@@ -75,7 +62,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 64], help="T values")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--model", choices=sorted(MODELS), action="append", help="default: all")
+    parser.add_argument("--model", choices=MODELS, action="append", help="default: all")
     parser.add_argument("--kernels", choices=["numpy", "numba"], default="numpy")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args()
@@ -84,8 +71,7 @@ def main() -> None:
     rows = []
     totals: dict[str, dict[int, float]] = {}
     for model in args.model or list(MODELS):
-        _, shapes = MODELS[model]
-        for name, qtype, n, k, count in shapes:
+        for name, qtype, n, k, count in matmul_shapes(model):
             raw = random_weight(qtype, (n, k), rng)
             weight, fn = _prepared(args.kernels, qtype, raw, (n, k))
             for t in args.tokens:
@@ -110,11 +96,11 @@ def main() -> None:
         print(json.dumps({"machine": machine, "rows": rows, "total_ms": totals}, indent=2))
         return
     print(" ".join(f"{k}={v}" for k, v in machine.items()))
-    print(f"{'model':<14}{'weight':<8}{'type':<6}{'N x K':>14}{'T':>5}{'ms':>10}{'GB/s':>8}")
+    print(f"{'model':<20}{'weight':<12}{'type':<6}{'N x K':>14}{'T':>5}{'ms':>10}{'GB/s':>8}")
     for r in rows:
         shape = f"{r['N']}x{r['K']}"
         print(
-            f"{r['model']:<14}{r['weight']:<8}{r['type']:<6}{shape:>14}{r['T']:>5}"
+            f"{r['model']:<20}{r['weight']:<12}{r['type']:<6}{shape:>14}{r['T']:>5}"
             f"{r['ms']:>10.3f}{r['gbps']:>8.2f}"
         )
     for model, per_t in totals.items():

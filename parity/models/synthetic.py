@@ -56,17 +56,15 @@ QUANT_MIXES = {
 }
 
 
-def synthetic_model(
+def model_layout(
     spec: DecoderSpec,
-    seed: int = 0,
     types: Mapping[str, DType | None] | None = None,
     layer_types: Mapping[int, Mapping[str, DType]] | None = None,
-) -> tuple[DecoderSpec, dict[str, WeightData]]:
-    """Random weights in ``spec``'s layout; ``types`` overrides the arch's quant mix and
-    ``layer_types[il]`` the mix of layer ``il`` (roles as in QUANT_MIXES).
+) -> dict[str, tuple[DType, tuple[int, ...]]]:
+    """Every file tensor's (type, shape) in ``spec``'s layout; ``types`` overrides the arch's
+    quant mix and ``layer_types[il]`` the mix of layer ``il`` (roles as in QUANT_MIXES).
     ``types["output"] = None`` ties the output projection to the token embedding."""
     types = {**QUANT_MIXES[spec.arch], **(types or {})}
-    rng = np.random.default_rng(seed)
     e = spec.n_embd
     tensors: dict[str, tuple] = {"token_embd.weight": (types["embd"], (spec.n_vocab, e))}
     for il in range(spec.n_layer):
@@ -76,6 +74,18 @@ def synthetic_model(
     tensors["output_norm.weight"] = (DType.F32, (e,))
     if types["output"] is not None:
         tensors["output.weight"] = (types["output"], (spec.n_vocab, e))
+    return tensors
+
+
+def synthetic_model(
+    spec: DecoderSpec,
+    seed: int = 0,
+    types: Mapping[str, DType | None] | None = None,
+    layer_types: Mapping[int, Mapping[str, DType]] | None = None,
+) -> tuple[DecoderSpec, dict[str, WeightData]]:
+    """Random weights in ``model_layout(spec, types, layer_types)``."""
+    tensors = model_layout(spec, types, layer_types)
+    rng = np.random.default_rng(seed)
     weights = {}
     for name, (dtype, shape) in tensors.items():
         if name.endswith("norm.weight"):  # norms near 1, as trained models have them
@@ -136,6 +146,11 @@ REAL_LAYER_TYPES: dict[str, dict[int, dict[str, DType]]] = {
     },
 }
 """Per-layer departures from REAL_MIXES, as the real files have them."""
+
+
+def twin_layout(name: str) -> dict[str, tuple[DType, tuple[int, ...]]]:
+    """A real model's tensors, (type, shape) by name, without making any weights."""
+    return model_layout(REAL_SPECS[name], REAL_MIXES[name], REAL_LAYER_TYPES[name])
 
 
 def synthetic_twin(name: str, seed: int = 0) -> tuple[DecoderSpec, dict[str, WeightData]]:
