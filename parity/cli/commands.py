@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from parity.models.registry import ModelStatus
 
 
+EXIT_FAILED = 1  # a check found a violation (conformance, compare)
+
+
 def version() -> str:
     return f"parity {__version__}"
 
@@ -356,3 +359,87 @@ def bench(args: argparse.Namespace) -> int:
     print(f"step        {r.step_ms:10.2f} ms     (median)")
     print(f"load        {r.load_s:10.2f} s")
     return 0
+
+
+def conformance(args: argparse.Namespace) -> int:
+    from parity.conformance.report import backend_factory, format_table, run_suite
+    from parity.core.plugins import load_backends
+
+    factory = backend_factory(load_backends(), args.backend, args.device)
+
+    def progress(r) -> None:
+        if args.verbose:
+            _err(f"{r.verdict:<11} {r.case}")
+
+    results = run_suite(
+        factory,
+        patterns=args.patterns,
+        case_files=args.cases,
+        suite=bool(args.patterns) or not args.cases,
+        progress=progress,
+    )
+    if not results:
+        raise ParityError(f"no case matches {', '.join(args.patterns)}; see `parity conformance "
+                          f"{args.backend} --json` for the case ids")  # fmt: skip
+    if args.json:
+        print(json.dumps({"backend": args.backend, "cases": [_case_json(r) for r in results]}))
+    else:
+        print(format_table(args.backend, results))
+    return EXIT_FAILED if any(r.failed for r in results) else 0
+
+
+def _case_json(r) -> dict:
+    return {
+        "case": r.case,
+        "op": r.op,
+        "type": r.type,
+        "declared": str(r.tier),
+        "result": r.verdict,
+        "max_ulp": r.max_ulp,
+        "worst_nmse": r.nmse,
+        "problems": list(r.problems),
+        "guarded": r.guarded,
+    }
+
+
+def compare(args: argparse.Namespace) -> int:
+    from parity.conformance.report import backend_factory
+    from parity.core.plugins import load_backends
+    from parity.models.compare_steps import compare_steps
+    from parity.models.gguf_file import read_model_file
+    from parity.models.model import graph_weights
+    from parity.models.registry import resolve_model
+    from parity.models.sampling import SamplingParams
+    from parity.models.tokenizer import Tokenizer
+
+    names = [n.strip() for n in args.backends.split(",")]
+    if len(names) != 2 or not all(names):
+        raise ParityError(f"--backends takes two names, reference,candidate; got {args.backends!r}")
+    registry = load_backends()
+    reference = backend_factory(registry, names[0])
+    candidate = backend_factory(registry, names[1], args.device)
+    file = read_model_file(resolve_model(_model_ref(args)))
+    prompt = Tokenizer.from_metadata(file.metadata).encode(args.prompt)
+    if not prompt:
+        raise ParityError("the prompt encodes to no tokens; give a non-empty --prompt")
+    spec, weights = graph_weights(file)
+    if len(prompt) + args.tokens - 1 > spec.n_ctx_train:
+        raise ParityError(
+            f"prompt ({len(prompt)} tokens) plus {args.tokens} tokens exceeds the model's "
+            f"context of {spec.n_ctx_train}; shorten the prompt or pass fewer --tokens"
+        )
+    report = compare_steps(
+        _model_ref(args),
+        spec,
+        weights,
+        prompt,
+        args.tokens,
+        reference,
+        candidate,
+        sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
+        case_dir=Path(args.save_dir),
+    )
+    print(json.dumps(report.to_dict()) if args.json else report.summary())
+    if report.violation is not None and report.violation.case_path is not None:
+        _err(f"replay it with: parity conformance {names[1]} --case {report.violation.case_path}")
+    return EXIT_FAILED if report.violation is not None else 0

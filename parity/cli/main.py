@@ -127,6 +127,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-g", "--gen-tokens", type=_positive, default=64)
     p.add_argument("--json", action="store_true", help="one JSON line")
     p.set_defaults(func=commands.bench)
+
+    p = sub.add_parser(
+        "conformance", help="run the op conformance suite on a backend, against the cpu oracle"
+    )
+    p.add_argument("backend", metavar="NAME", help="the backend to check (see `parity backends`)")
+    p.add_argument("--device", type=int, help="device index of the backend (default 0)")
+    p.add_argument(
+        "-k", dest="patterns", action="append", default=[], metavar="TEXT",
+        help="only cases whose id contains TEXT (repeatable)",
+    )  # fmt: skip
+    p.add_argument(
+        "--case", dest="cases", action="append", default=[], metavar="FILE",
+        help="replay a case file saved by `parity compare` (repeatable; with no -k, only these)",
+    )  # fmt: skip
+    p.add_argument("--json", action="store_true", help="one JSON object: every case's result")
+    p.add_argument("-v", "--verbose", action="store_true", help="each case as it finishes")
+    p.set_defaults(func=commands.conformance)
+
+    p = sub.add_parser(
+        "compare", help="run a model on two backends step by step, comparing every node"
+    )
+    _model_options(p, runtime=False)
+    p.add_argument(
+        "--backends", required=True, metavar="A,B",
+        help="reference,candidate (e.g. cpu,jax); the candidate is held to the tiers it declares",
+    )  # fmt: skip
+    p.add_argument("-p", "--prompt", default="The capital of France is", help="prompt text")
+    p.add_argument("-n", "--tokens", type=_positive, default=8, help="tokens to sample (steps)")
+    p.add_argument("-t", "--temperature", type=float, default=0.0, help="0 (default): greedy")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (both sides use it)")
+    p.add_argument(
+        "--save-dir", default="parity-cases", metavar="DIR",
+        help="where the first violation is saved as a replayable case (default: ./parity-cases)",
+    )  # fmt: skip
+    p.add_argument("--device", type=int, help="device index of the candidate")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.set_defaults(func=commands.compare)
     return parser
 
 

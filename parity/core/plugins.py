@@ -20,6 +20,7 @@ import pluggy
 
 from parity.core import hookspecs
 from parity.core.backend import PLUGIN_API_VERSION, Backend
+from parity.core.tiers import backend_manifest
 from parity.errors import PluginError
 
 ENTRY_POINT_GROUP = "parity"
@@ -130,6 +131,7 @@ def _check_backend_class(cls: type, registry: Registry) -> None:
             f"backend {cls.name!r} targets plugin API version {cls.api_version}, this parity "
             f"speaks {PLUGIN_API_VERSION}; upgrade the plugin or parity"
         )
+    backend_manifest(cls)  # a bad declaration is a PluginError naming the backend
     if cls.name in registry.backends:
         raise PluginError(
             f"backend name {cls.name!r} is already registered by plugin "

@@ -1,0 +1,168 @@
+"""A conformance case: a small graph with everything needed to run it anywhere, and its file.
+
+A case holds a graph, its INPUT values, its weights (packed bytes, as a GGUF stores them) and
+the starting contents of its STATE buffers (KV caches). The op suite builds cases in memory;
+``parity compare`` saves the first node that broke its tier as a case file (``.npz``: the
+graph as JSON, every array under ``input/``, ``state/`` or ``weight/``), which the kit replays
+with ``parity conformance NAME --case FILE`` or ``pytest --parity-backend NAME --parity-case
+FILE``.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from parity.core.dtypes import DType
+from parity.core.ir import AttentionArg, Graph, Node, Op, RopeArg, SliceArg, verify
+from parity.core.weights import WeightData
+from parity.errors import GraphError, ParityError
+
+FORMAT = "parity-case/1"
+_ARG_TYPES = {cls.__name__: cls for cls in (SliceArg, RopeArg, AttentionArg)}
+
+
+class CaseFileError(ParityError):
+    """A case file that cannot be read: missing, not a case, or damaged."""
+
+
+@attrs.frozen
+class Case:
+    id: str
+    graph: Graph
+    inputs: Mapping[str, np.ndarray] = attrs.field(eq=False, repr=False)
+    weights: Mapping[str, WeightData] = attrs.field(eq=False, repr=False)
+    states: Mapping[str, np.ndarray] = attrs.field(factory=dict, eq=False, repr=False)
+    note: str = ""  # where the case came from (e.g. the compare run that saved it)
+
+    @property
+    def subject(self) -> Node:
+        """The node the case is about: its first output."""
+        return self.graph.nodes[self.graph.outputs[0]]
+
+    @property
+    def weight_type(self) -> DType | None:
+        """The type of the subject's weight operand (MATMUL, GET_ROWS), if it has one."""
+        srcs = (self.graph.nodes[s] for s in self.subject.src)
+        return next((s.dtype for s in srcs if s.op is Op.WEIGHT and s.dtype is not DType.F32),
+                    None)  # fmt: skip
+
+
+# -- graphs as JSON --------------------------------------------------------------------------
+
+
+def _arg_to_json(arg: Any) -> Any:
+    if attrs.has(type(arg)):
+        return {"type": type(arg).__name__, **attrs.asdict(arg)}
+    return arg  # None, a float (RMS_NORM eps) or a leaf's name: JSON keeps float64 exactly
+
+
+def _arg_from_json(value: Any) -> Any:
+    if isinstance(value, dict):
+        fields = dict(value)
+        cls = _ARG_TYPES[fields.pop("type")]
+        return cls(**fields)
+    return value
+
+
+def graph_to_json(graph: Graph) -> dict:
+    return {
+        "nodes": [
+            {
+                "op": n.op.name,
+                "dtype": n.dtype.name,
+                "shape": list(n.shape),
+                "src": list(n.src),
+                "arg": _arg_to_json(n.arg),
+            }
+            for n in graph.nodes
+        ],
+        "outputs": list(graph.outputs),
+    }
+
+
+def graph_from_json(data: dict) -> Graph:
+    nodes = tuple(
+        Node(
+            Op[n["op"]],
+            DType[n["dtype"]],
+            tuple(n["shape"]),
+            tuple(n["src"]),
+            _arg_from_json(n["arg"]),
+        )
+        for n in data["nodes"]
+    )
+    graph = Graph(nodes, tuple(data["outputs"]))
+    verify(graph)
+    return graph
+
+
+# -- files -----------------------------------------------------------------------------------
+
+
+def save_case(case: Case, path: str | Path) -> Path:
+    """Write ``case`` to ``path`` (``.npz``); returns the path written."""
+    path = Path(path)
+    meta = {
+        "format": FORMAT,
+        "id": case.id,
+        "note": case.note,
+        "graph": graph_to_json(case.graph),
+        "weights": {
+            name: {"dtype": w.dtype.name, "shape": list(w.shape)}
+            for name, w in case.weights.items()
+        },
+    }
+    arrays = {"meta": np.array(json.dumps(meta))}
+    arrays.update({f"input/{k}": np.asarray(v) for k, v in case.inputs.items()})
+    arrays.update({f"state/{k}": np.asarray(v) for k, v in case.states.items()})
+    arrays.update({f"weight/{k}": w.raw() for k, w in case.weights.items()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        np.savez_compressed(f, **arrays)
+    return path
+
+
+def load_case(path: str | Path) -> Case:
+    """Read a case file; a CaseFileError says what is wrong with it."""
+    path = Path(path)
+    if not path.is_file():
+        raise CaseFileError(f"no case file at {path}")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+        meta = json.loads(str(arrays.pop("meta")))
+        if meta.get("format") != FORMAT:
+            raise CaseFileError(
+                f"{path} is not a parity case file (format {meta.get('format')!r}, want {FORMAT})"
+            )
+        graph = graph_from_json(meta["graph"])
+        weights = {
+            name: WeightData(name, DType[w["dtype"]], tuple(w["shape"]), arrays[f"weight/{name}"])
+            for name, w in meta["weights"].items()
+        }
+    except CaseFileError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, GraphError) as e:
+        raise CaseFileError(
+            f"{path} is not a readable parity case file ({type(e).__name__}: {e}); "
+            "save it again with `parity compare`"
+        ) from None
+    return Case(
+        meta["id"],
+        graph,
+        inputs=_strip(arrays, "input/"),
+        weights=weights,
+        states=_strip(arrays, "state/"),
+        note=meta.get("note", ""),
+    )
+
+
+def _strip(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    return {k.removeprefix(prefix): v for k, v in arrays.items() if k.startswith(prefix)}

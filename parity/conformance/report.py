@@ -1,0 +1,119 @@
+"""Run the suite (or saved cases) on a backend and lay the results out as a table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from parity.conformance.case import load_case
+from parity.conformance.harness import CaseResult, judge
+from parity.conformance.suite import CaseSpec, op_suite
+from parity.core.backend import Backend, Device
+from parity.core.plugins import Registry
+from parity.errors import PluginError
+
+_ORDER = ("FAIL", "bound", "exact", "unsupported")
+
+
+def backend_factory(
+    registry: Registry, name: str, device: int | None = None, options: dict | None = None
+) -> Callable[[], Backend]:
+    """A maker of fresh instances of backend ``name`` on one of its devices, with a clear
+    PluginError when it is not installed or cannot run here."""
+    cls = registry.get(name)
+    ok = cls.available()
+    if not ok.ok:
+        raise PluginError(f"backend {name!r} is not available here: {ok.reason}")
+    devices = cls.devices()
+    index = device or 0
+    found = [d for d in devices if d.index == index]
+    if not found:
+        have = ", ".join(d.id for d in devices) or "none"
+        raise PluginError(f"backend {name!r} has no device {index}; its devices: {have}")
+    chosen: Device = found[0]
+    # the manifest describes the backend at its most permissive: bounds apply under fast
+    numerics = "fast" if "fast" in cls.numerics_modes else "exact"
+    return lambda: cls(chosen, numerics=numerics, options=options or {})
+
+
+def select(specs: Sequence[CaseSpec], patterns: Sequence[str]) -> list[CaseSpec]:
+    """Cases whose id contains any of ``patterns`` (all when there are none)."""
+    return [s for s in specs if not patterns or any(p in s.id for p in patterns)]
+
+
+def run_suite(
+    factory: Callable[[], Backend],
+    *,
+    patterns: Sequence[str] = (),
+    case_files: Sequence[str] = (),
+    suite: bool = True,
+    progress: Callable[[CaseResult], None] | None = None,
+) -> list[CaseResult]:
+    """Judge the suite's cases (filtered by ``patterns``) and the saved ``case_files`` (read
+    first, so a bad file fails before anything runs)."""
+    saved = [load_case(f) for f in case_files]
+    builds = [s.build for s in select(op_suite(), patterns)] if suite else []
+    builds += [lambda c=c: c for c in saved]
+    results = []
+    for build in builds:
+        result = judge(factory, build())
+        results.append(result)
+        if progress is not None:
+            progress(result)
+    return results
+
+
+@attrs.frozen
+class Row:
+    op: str
+    type: str
+    tier: str
+    cases: int
+    verdict: str
+    max_ulp: float
+    nmse: float
+
+
+def rows(results: Sequence[CaseResult]) -> list[Row]:
+    """One row per (op, type): the worst verdict of its cases and the largest errors."""
+    groups: dict[tuple[str, str], list[CaseResult]] = {}
+    for r in results:
+        groups.setdefault((r.op, r.type), []).append(r)
+    out = []
+    for (op, type_name), group in groups.items():
+        verdict = min((r.verdict for r in group), key=_ORDER.index)
+        tiers = ", ".join(dict.fromkeys(str(r.tier) for r in group))
+        out.append(
+            Row(op, type_name, tiers, len(group), verdict, max(r.max_ulp for r in group),
+                max(r.nmse for r in group))
+        )  # fmt: skip
+    return out
+
+
+def format_table(backend: str, results: Sequence[CaseResult]) -> str:
+    header = ("op", "type", "declared", "cases", "result", "max ULP", "worst NMSE")
+    body = [
+        (r.op, r.type, r.tier, str(r.cases), r.verdict, f"{r.max_ulp:g}", f"{r.nmse:.3g}")
+        for r in rows(results)
+    ]
+    widths = [max(len(line[k]) for line in (header, *body)) for k in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+             for line in (header, *body)]  # fmt: skip
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    counts = {v: sum(r.verdict == v for r in results) for v in _ORDER}
+    lines.append("")
+    lines.append(
+        f"{backend}: {len(results)} cases: {counts['exact']} bit-exact, {counts['bound']} within "
+        f"the declared bound, {counts['FAIL']} FAIL, {counts['unsupported']} unsupported"
+    )
+    for r in results:
+        if r.verdict in ("FAIL", "unsupported"):
+            lines.append(f"\n{r.verdict} {r.case}:")
+            lines.extend(f"  {line}" for line in r.explain().splitlines())
+    if results and not any(r.guarded for r in results if r.verdict != "unsupported"):
+        lines.append(
+            f"\nnote: {backend}'s buffers cannot be sliced into views, so writes past the end "
+            "of its own buffers were not checked (inputs, states and readback were)"
+        )
+    return "\n".join(lines)

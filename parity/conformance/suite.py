@@ -1,0 +1,257 @@
+"""The op suite: seeded one-op cases for every op, every weight type, the real models' shapes.
+
+Shapes come from the real models' layouts (``parity.models.synthetic.twin_layout``): every
+(weight type, rows, K) a real file multiplies by, for one token (decode) and seven (an odd
+prefill), every head layout, both RoPE modes, attention across the 256-slot chunk boundary.
+Weight rows are capped at ``MAX_ROWS``: rows are independent by the contract, and K (the
+reduction a tree is shaped by) stays the real one. Values are seeded random with special values
+planted: ±0, subnormals, ±1e30, an all-equal row, fp16 edge scales in every other weight block
+(±0, subnormals, ±65504), ties and NaN for ARGMAX. KV caches start filled with ``SENTINEL`` (a
+NaN): a backend that writes rows it should not, or reads cache slots a token may not see, shows
+up as a difference.
+
+Building a case makes its weights, so the suite lists ``CaseSpec``s and builds on demand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import numpy as np
+
+from parity.backends.cpu.rope import rope_tables
+from parity.conformance.case import Case
+from parity.core.builder import GraphBuilder, Ref
+from parity.core.dtypes import WEIGHT_TYPES, DType
+from parity.core.ir import AttentionArg, Op, RopeArg, SliceArg
+from parity.core.weights import WeightData
+from parity.models.synthetic import REAL_SPECS, twin_layout
+from parity.quant.synthetic import random_weight
+
+F32, I32 = DType.F32, DType.I32
+MAX_ROWS = 1024
+SPECIAL = np.array([0.0, -0.0, 1e-45, -1e-40, 1.17549435e-38, 1e30, -1e30, 1.0, -1.0, 0.5],
+                   np.float32)  # fmt: skip
+SENTINEL = np.array(0x7FC0DEAD, np.uint32).view(np.float32)  # a quiet NaN with a payload
+
+
+@attrs.frozen
+class CaseSpec:
+    """One case of the suite, not built yet: ``build()`` makes its inputs and weights."""
+
+    id: str
+    op: str  # the op under test (the subject's)
+    type: str  # the subject's weight type, or the activation type
+    build: Callable[[], Case] = attrs.field(eq=False, repr=False)
+
+
+def activations(rng: np.random.Generator, shape, special: bool = True, scale: float = 1.0):
+    """Seeded normal values; with ``special``, SPECIAL planted first and the last row constant."""
+    x = (rng.standard_normal(shape) * scale).astype(np.float32)
+    if special:
+        flat = x.reshape(-1)
+        flat[: SPECIAL.size] = SPECIAL[: flat.size]
+        x[-1] = x[-1, 0]
+    return x
+
+
+class _Builder:
+    """A GraphBuilder that records the values of the leaves it declares."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.b = GraphBuilder()
+        self.inputs: dict[str, np.ndarray] = {}
+        self.weights: dict[str, WeightData] = {}
+        self.states: dict[str, np.ndarray] = {}
+
+    def input(self, name: str, value: np.ndarray) -> Ref:
+        self.inputs[name] = value
+        return self.b.input(name, I32 if value.dtype == np.int32 else F32, value.shape)
+
+    def weight(self, name: str, dtype: DType, shape: tuple[int, ...], data=None) -> Ref:
+        if data is None:
+            data = random_weight(dtype, shape, self.rng, edge=True)
+        self.weights[name] = WeightData(name, dtype, shape, data)
+        return self.b.weight(name, dtype, shape)
+
+    def state(self, name: str, value: np.ndarray) -> Ref:
+        self.states[name] = value
+        return self.b.state(name, value.shape)
+
+    def op(self, op: Op, *srcs: Ref, arg=None) -> Ref:
+        return self.b.op(op, *srcs, arg=arg)
+
+
+def _spec(id: str, op: Op, type: DType, make: Callable[[_Builder], Ref], seed: int = 0) -> CaseSpec:
+    def build() -> Case:
+        g = _Builder(seed)
+        out = make(g)
+        return Case(id, g.b.build(out), g.inputs, g.weights, g.states)
+
+    return CaseSpec(id, op.name, type.name, build)
+
+
+def real_matmul_shapes() -> list[tuple[DType, int, int]]:
+    """Every (weight type, rows, K) the real models multiply by, rows capped at MAX_ROWS."""
+    shapes = set()
+    for model in REAL_SPECS:
+        for dtype, shape in twin_layout(model).values():
+            if len(shape) == 2:
+                shapes.add((dtype, min(shape[0], MAX_ROWS), shape[1]))
+    return sorted(shapes, key=lambda s: (s[0].value, s[1], s[2]))
+
+
+def _matmul(dtype: DType, n: int, k: int, t: int, bias: bool = False):
+    def make(g: _Builder) -> Ref:
+        srcs = [g.input("x", activations(g.rng, (t, k))), g.weight("w", dtype, (n, k))]
+        if bias:
+            srcs.append(g.weight("bias", F32, (n,)))
+        return g.op(Op.MATMUL, *srcs)
+
+    return make
+
+
+def _get_rows(dtype: DType, n: int, k: int):
+    def make(g: _Builder) -> Ref:
+        ids = np.array([0, n - 1, 7, 7, n // 2], np.int32)
+        return g.op(Op.GET_ROWS, g.weight("emb", dtype, (n, k)), g.input("ids", ids))
+
+    return make
+
+
+def _elementwise(op: Op, width: int, row: bool):
+    def make(g: _Builder) -> Ref:
+        a = g.input("a", activations(g.rng, (4, width)))
+        if row:
+            return g.op(op, a, g.weight("v", F32, (width,)))
+        return g.op(op, a, g.input("b", activations(g.rng, (4, width), scale=3)))
+
+    return make
+
+
+def _rope(n_head: int, head_dim: int, n_rot: int, mode: str, n_ctx: int, base: float):
+    def make(g: _Builder) -> Ref:
+        cos, sin = rope_tables(n_ctx, n_rot, base)
+        pos = np.array([0, 1, 255, 256, n_ctx - 1], np.int32)
+        return g.op(
+            Op.ROPE,
+            g.input("x", activations(g.rng, (pos.size, n_head * head_dim))),
+            g.input("pos", pos),
+            g.weight("cos", F32, cos.shape, cos),
+            g.weight("sin", F32, sin.shape, sin),
+            arg=RopeArg(n_head, head_dim, n_rot, mode),
+        )
+
+    return make
+
+
+def _attention(n_head: int, n_kv: int, head_dim: int, start: int, t: int, n_ctx: int):
+    """Tokens at positions start..start+t-1 attend over a cache whose earlier rows hold
+    history and whose later rows hold SENTINEL."""
+
+    def make(g: _Builder) -> Ref:
+        width = n_kv * head_dim
+        caches = []
+        for name in ("k", "v"):
+            cache = np.full((n_ctx, width), SENTINEL, np.float32)
+            cache[:start] = activations(g.rng, (start, width), special=name == "v") if start else 0
+            caches.append(g.state(name, cache))
+        pos = g.input("pos", np.arange(start, start + t, dtype=np.int32))
+        k = g.input("k_new", activations(g.rng, (t, width), special=False))
+        v = g.input("v_new", activations(g.rng, (t, width)))
+        kc = g.op(Op.KV_WRITE, caches[0], k, pos)
+        vc = g.op(Op.KV_WRITE, caches[1], v, pos)
+        q = g.input("q", activations(g.rng, (t, n_head * head_dim), special=False))
+        scale = float(np.float32(1 / np.sqrt(head_dim)))
+        return g.op(Op.ATTENTION, q, kc, vc, pos, arg=AttentionArg(n_head, n_kv, head_dim, scale))
+
+    return make
+
+
+def _argmax(width: int):
+    def make(g: _Builder) -> Ref:
+        x = activations(g.rng, (4, width), special=False)
+        x[1, [10, 20]] = 1e9  # a tie: the first index wins
+        x[2, 30] = np.nan
+        x[3] = -np.inf
+        return g.op(Op.ARGMAX, g.input("x", x))
+
+    return make
+
+
+def op_suite() -> list[CaseSpec]:
+    """The whole suite, in a fixed order (ids are stable across runs and machines)."""
+    specs: list[CaseSpec] = []
+    for dtype in WEIGHT_TYPES:  # every type, small: the block formats themselves
+        specs.append(_spec(f"get_rows-{dtype.name}", Op.GET_ROWS, dtype, _get_rows(dtype, 40, 256)))
+        for t, k in ((1, 256), (5, 512)):
+            specs.append(
+                _spec(
+                    f"matmul-{dtype.name}-48x{k}-t{t}", Op.MATMUL, dtype, _matmul(dtype, 48, k, t)
+                )
+            )
+    for dtype, n, k in real_matmul_shapes():  # the real models' products
+        for t in (1, 7):
+            name = f"matmul-{dtype.name}-{n}x{k}-t{t}"
+            specs.append(_spec(name, Op.MATMUL, dtype, _matmul(dtype, n, k, t), seed=n + k + t))
+    specs.append(
+        _spec("matmul-Q5_0-bias-128x896-t3", Op.MATMUL, DType.Q5_0,
+              _matmul(DType.Q5_0, 128, 896, 3, bias=True))
+    )  # fmt: skip
+    for dtype, k in ((DType.Q8_0, 576), (DType.Q5_0, 896), (DType.Q8_0, 896)):
+        specs.append(
+            _spec(f"get_rows-{dtype.name}-4099x{k}", Op.GET_ROWS, dtype, _get_rows(dtype, 4099, k))
+        )
+
+    def slice_rows(g: _Builder) -> Ref:
+        return g.op(Op.SLICE_ROWS, g.input("x", activations(g.rng, (6, 576))), arg=SliceArg(2, 3))
+
+    specs.append(_spec("slice_rows", Op.SLICE_ROWS, F32, slice_rows))
+    for width in (576, 4864):
+        for op in (Op.ADD, Op.MUL, Op.SWIGLU):
+            specs.append(
+                _spec(f"{op.name.lower()}-{width}", op, F32, _elementwise(op, width, False))
+            )
+        for op in (Op.ADD, Op.MUL):
+            specs.append(
+                _spec(f"{op.name.lower()}-row-{width}", op, F32, _elementwise(op, width, True))
+            )
+
+    def silu(g: _Builder) -> Ref:
+        return g.op(Op.SILU, g.input("x", activations(g.rng, (3, 1536), scale=30)))
+
+    specs.append(_spec("silu-1536", Op.SILU, F32, silu))
+    for spec in REAL_SPECS.values():
+
+        def rms_norm(g: _Builder, spec=spec) -> Ref:
+            x = g.input("x", activations(g.rng, (5, spec.n_embd)))
+            return g.op(Op.RMS_NORM, x, arg=spec.rms_eps)
+
+        specs.append(_spec(f"rms_norm-{spec.n_embd}", Op.RMS_NORM, F32, rms_norm))
+        mode = "normal" if spec.arch == "llama" else "neox"
+        for n_head in (spec.n_head, spec.n_head_kv):
+            specs.append(
+                _spec(
+                    f"rope-{mode}-{n_head}x{spec.head_dim}",
+                    Op.ROPE,
+                    F32,
+                    _rope(n_head, spec.head_dim, spec.head_dim, mode, 4096, spec.rope_base),
+                )
+            )
+        for start, t in ((0, 300), (300, 1), (511, 2)):
+            heads = f"{spec.n_head}x{spec.n_head_kv}x{spec.head_dim}"
+            specs.append(
+                _spec(
+                    f"attention-{heads}-p{start}-t{t}",
+                    Op.ATTENTION,
+                    F32,
+                    _attention(spec.n_head, spec.n_head_kv, spec.head_dim, start, t, 640),
+                )
+            )
+    specs.append(_spec("rope-neox-partial-9x64-rot32", Op.ROPE, F32,
+                       _rope(9, 64, 32, "neox", 512, 10000.0)))  # fmt: skip
+    for width in (1000, 49152):
+        specs.append(_spec(f"argmax-{width}", Op.ARGMAX, F32, _argmax(width)))
+    return specs

@@ -1,0 +1,312 @@
+"""The conformance kit: tiers and manifests, the harness's checks against faulty backends,
+case files, the `parity conformance` command and the pytest plugin."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from types import MappingProxyType
+
+import numpy as np
+import pytest
+
+from parity.backends.cpu.backend import KERNELS, CpuBackend
+from parity.cli.main import main
+from parity.conformance.case import CaseFileError, load_case, save_case
+from parity.conformance.harness import judge
+from parity.conformance.suite import op_suite
+from parity.core.backend import Device
+from parity.core.compare import diff_arrays
+from parity.core.ir import Op
+from parity.core.plugins import Registry, _check_backend_class
+from parity.core.tiers import Manifest, Tier, backend_manifest
+from parity.errors import PluginError
+
+SUITE = {s.id: s for s in op_suite()}
+
+
+def _cpu(cls=CpuBackend):
+    return lambda: cls(Device("cpu"))
+
+
+def _swiglu_via_np_exp(g, u, arg):
+    return (g / (np.float32(1) + np.exp(-g)) * u).astype(np.float32)
+
+
+class SloppyBackend(CpuBackend):
+    """swiglu through np.exp, which the contract forbids, while claiming exact."""
+
+    name = "sloppy"
+    kernels = MappingProxyType({**KERNELS, Op.SWIGLU: _swiglu_via_np_exp})
+
+
+class HonestSloppyBackend(SloppyBackend):
+    name = "honest-sloppy"
+    manifest = MappingProxyType({"*": "exact", "SWIGLU": "ulp<=64"})
+
+
+def _kv_write_one_row_late(cache, rows, pos, arg):
+    cache[pos + 1] = rows
+    return cache
+
+
+def _add_in_place(a, b, arg):
+    np.add(a, b, out=a)
+    return a
+
+
+def _mul_past_the_end(a, b, arg):
+    out = np.multiply(a, b)
+    base = a
+    while base.base is not None:  # what a kernel with a wrong bound does: write one element on
+        base = base.base
+    offset = (a.ctypes.data - base.ctypes.data) // a.itemsize
+    base.reshape(-1)[offset + a.size] = 1.0  # past the end of its input's allocation
+    return out
+
+
+_calls = iter(range(1 << 30))
+
+
+def _add_noisy(a, b, arg):
+    out = np.add(a, b)
+    out.reshape(-1)[0] += np.float32(next(_calls) % 2)  # every other call differs
+    return out
+
+
+def _crash(x, arg):
+    raise RuntimeError("kernel launch failed")
+
+
+def _faulty(name: str, op: Op, fn) -> type[CpuBackend]:
+    return type(
+        name, (CpuBackend,), {"name": name, "kernels": MappingProxyType({**KERNELS, op: fn})}
+    )
+
+
+class PartialBackend(CpuBackend):
+    name = "partial"
+
+    def supports_op(self, node, srcs):
+        return node.op is not Op.ROPE
+
+
+# -- tiers and manifests -----------------------------------------------------------------------
+
+
+def test_tier_parsing_and_printing():
+    assert Tier.parse("exact").exact and str(Tier.parse(" exact ")) == "exact"
+    assert Tier.parse("ulp<=2") == Tier(max_ulp=2.0)
+    assert Tier.parse("ulp<=4, nmse<=1e-5") == Tier(4.0, 1e-5)
+    assert str(Tier(4.0, 1e-5)) == "ulp<=4,nmse<=1e-05"
+    for bad in ("fast", "ulp<2", "ulp<=-1", "nmse<=nan", "ulp<=1,ulp<=2", "ulp<=x", 3):
+        with pytest.raises(ValueError, match="tier"):
+            Tier.parse(bad)
+
+
+def test_tier_admits():
+    a = np.array([1.0, 2.0, 3.0], np.float32)
+    b = a.copy()
+    b[0] = np.nextafter(b[0], np.float32(2))
+    one_ulp = diff_arrays(0, "ADD", a, b)
+    assert Tier().verdict(diff_arrays(0, "ADD", a, a)) == "exact"
+    assert Tier().verdict(one_ulp) == "FAIL"
+    assert Tier(max_ulp=1).verdict(one_ulp) == "bound"
+    assert Tier(max_ulp=0.5).verdict(one_ulp) == "FAIL"
+    assert Tier(max_nmse=1e-9).verdict(one_ulp) == "bound"
+    nan = a.copy()
+    nan[1] = np.nan
+    assert Tier(max_nmse=1.0).verdict(diff_arrays(0, "ADD", a, nan)) == "FAIL"  # NaN vs number
+
+
+def test_manifest_lookup_most_specific_first():
+    m = Manifest.parse({"*": "ulp<=8", "MATMUL": "nmse<=1e-5", "MATMUL:Q4_K": "exact"})
+    from parity.core.dtypes import DType
+
+    assert m.tier(Op.MATMUL, DType.Q4_K).exact
+    assert m.tier(Op.MATMUL, DType.Q6_K) == Tier(max_nmse=1e-5)
+    assert m.tier(Op.ADD) == Tier(max_ulp=8)
+    assert Manifest.parse({}).tier(Op.ADD).exact  # unlisted: exact
+    assert backend_manifest(HonestSloppyBackend).to_dict() == {"*": "exact", "SWIGLU": "ulp<=64"}
+
+
+@pytest.mark.parametrize(
+    "manifest, message",
+    [
+        ({"SWIGLUE": "exact"}, "unknown op 'SWIGLUE'"),
+        ({"MATMUL:Q3_K": "exact"}, "unknown type 'Q3_K'"),
+        ({"INPUT": "exact"}, "unknown op 'INPUT'"),
+        ({"ADD": "fast"}, "bad tier 'fast'"),
+        (["ADD"], "maps op keys to tiers"),
+    ],
+)
+def test_bad_manifest_is_refused_at_registration(manifest, message):
+    cls = type("BadManifest", (CpuBackend,), {"name": "badmanifest", "manifest": manifest})
+    with pytest.raises(
+        PluginError, match=f"backend 'badmanifest' declares a bad manifest: .*{message}"
+    ):
+        _check_backend_class(cls, Registry())
+
+
+def test_bounded_ops_count_as_fast_numerics_for_the_scheduler():
+    from parity.core.scheduler import schedule
+
+    case = SUITE["swiglu-576"].build()
+    exact = [HonestSloppyBackend(Device("cpu")), CpuBackend(Device("cpu"))]
+    plan = schedule(case.graph, exact)
+    assert plan.backend_of(case.graph.outputs[0]) == "cpu"  # exact numerics: not on a bound
+    fast = [HonestSloppyBackend(Device("cpu"), numerics="fast"), CpuBackend(Device("cpu"))]
+    assert schedule(case.graph, fast).backend_of(case.graph.outputs[0]) == "honest-sloppy"
+
+
+# -- the harness catches faults ---------------------------------------------------------------
+
+
+def test_declared_exact_but_inexact_fails_and_says_where():
+    r = judge(_cpu(SloppyBackend), SUITE["swiglu-576"].build())
+    assert r.failed and r.tier.exact
+    assert "SWIGLU[4, 576]" in r.explain() and "declared tier: exact" in r.explain()
+
+
+def test_declared_bound_is_enforced_not_just_reported():
+    within = judge(_cpu(HonestSloppyBackend), SUITE["swiglu-576"].build())
+    assert within.verdict == "bound" and 0 < within.max_ulp <= 64
+    strict = type(
+        "Strict", (SloppyBackend,), {"name": "strict", "manifest": {"SWIGLU": "ulp<=0.5"}}
+    )
+    assert judge(_cpu(strict), SUITE["swiglu-576"].build()).failed
+
+
+@pytest.mark.parametrize(
+    "case, op, fn, message",
+    [
+        ("attention-9x3x64-p300-t1", Op.KV_WRITE, _kv_write_one_row_late,
+         "state 'k' differs from the oracle's after the step, first at row 300"),
+        ("add-576", Op.ADD, _add_in_place, "wrote into its input 'a'"),
+        ("mul-576", Op.MUL, _mul_past_the_end, "wrote after the end of a float32[2304] buffer"),
+        ("add-576", Op.ADD, _add_noisy, "executing the same step again gave other bits"),
+        ("silu-1536", Op.SILU, _crash, "raised RuntimeError: kernel launch failed"),
+    ],
+)  # fmt: skip
+def test_harness_catches(case, op, fn, message):
+    r = judge(_cpu(_faulty("faulty", op, fn)), SUITE[case].build())
+    assert r.failed and message in r.explain(), r.explain()
+
+
+def test_unsupported_ops_are_reported_not_failed():
+    r = judge(_cpu(PartialBackend), SUITE["rope-normal-9x64"].build())
+    assert r.verdict == "unsupported" and "ROPE" in r.explain()
+
+
+# -- case files ---------------------------------------------------------------------------------
+
+
+def test_case_file_round_trip(tmp_path):
+    case = SUITE["attention-14x2x64-p300-t1"].build()
+    path = save_case(case, tmp_path / "sub" / "case.npz")
+    back = load_case(path)
+    assert back.graph == case.graph and back.id == case.id
+    for name, value in case.inputs.items():
+        assert back.inputs[name].tobytes() == value.tobytes()
+    for name, value in case.states.items():
+        assert back.states[name].tobytes() == value.tobytes()  # NaN sentinels, bit for bit
+    assert judge(_cpu(), back).verdict == "exact"
+    q = SUITE["matmul-Q4_K-896x4864-t7"].build()
+    back = load_case(save_case(q, tmp_path / "q.npz"))
+    assert back.weights["w"].raw().tobytes() == q.weights["w"].raw().tobytes()
+
+
+def test_bad_case_files_say_what_is_wrong(tmp_path):
+    with pytest.raises(CaseFileError, match="no case file at"):
+        load_case(tmp_path / "missing.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(CaseFileError, match="not a readable parity case file"):
+        load_case(tmp_path / "junk.npz")
+    np.savez(tmp_path / "other.npz", meta=np.array(json.dumps({"format": "x"})))
+    with pytest.raises(CaseFileError, match="is not a parity case file"):
+        load_case(tmp_path / "other.npz")
+
+
+# -- `parity conformance` and the pytest plugin ------------------------------------------------
+
+
+@pytest.fixture
+def faulty_plugin(tmp_path, monkeypatch):
+    """A plugin distribution on sys.path (and PYTHONPATH) registering the sloppy backend."""
+    (tmp_path / "ptest_sloppy.py").write_text(
+        textwrap.dedent("""
+        from types import MappingProxyType
+        import numpy as np
+        from parity.backends.cpu.backend import KERNELS, CpuBackend
+        from parity.core.hookspecs import hookimpl
+        from parity.core.ir import Op
+
+        def swiglu(g, u, arg):
+            return (g / (np.float32(1) + np.exp(-g)) * u).astype(np.float32)
+
+        class Sloppy(CpuBackend):
+            name = "sloppy"
+            kernels = MappingProxyType({**KERNELS, Op.SWIGLU: swiglu})
+
+        @hookimpl
+        def parity_register_backends(register):
+            register(Sloppy)
+    """)
+    )
+    dist = tmp_path / "ptest_sloppy-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ptest-sloppy\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[parity]\nsloppy = ptest_sloppy\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    return tmp_path
+
+
+def test_conformance_command_table_and_exit_status(faulty_plugin, capsys):
+    assert main(["conformance", "cpu", "-k", "rms_norm", "-k", "argmax"]) == 0
+    out = capsys.readouterr().out
+    assert "RMS_NORM  F32   exact     2      exact" in out
+    assert "cpu: 4 cases: 4 bit-exact, 0 within the declared bound, 0 FAIL" in out
+    assert main(["conformance", "sloppy", "-k", "swiglu", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert {c["result"] for c in report["cases"]} == {"FAIL"}
+
+
+def test_conformance_replays_a_case_file(faulty_plugin, tmp_path, capsys):
+    path = save_case(SUITE["swiglu-4864"].build(), tmp_path / "swiglu.npz")
+    assert main(["conformance", "sloppy", "--case", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "1 cases:" in out and "FAIL swiglu-4864" in out
+    assert main(["conformance", "cpu", "--case", str(path)]) == 0
+
+
+def test_conformance_command_errors(capsys):
+    assert main(["conformance", "nosuch"]) == 1
+    assert "unknown backend 'nosuch'; installed backends: cpu" in capsys.readouterr().err
+    assert main(["conformance", "cpu", "-k", "zzz"]) == 1
+    assert "no case matches zzz" in capsys.readouterr().err
+
+
+def _pytest(cwd, *args):
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_pytest_plugin_in_an_empty_repository(faulty_plugin, tmp_path):
+    repo = tmp_path / "author-repo"
+    repo.mkdir()
+    ok = _pytest(repo, "--parity-backend", "cpu", "-k", "rms_norm or rope")
+    assert ok.returncode == 0 and "7 passed" in ok.stdout, ok.stdout + ok.stderr
+    bad = _pytest(repo, "--parity-backend", "sloppy", "-k", "swiglu")
+    assert bad.returncode == 1 and "2 failed" in bad.stdout, bad.stdout + bad.stderr
+    assert "SWIGLU[4, 576]" in bad.stdout and "declared tier: exact" in bad.stdout
+    case = save_case(SUITE["swiglu-576"].build(), tmp_path / "c.npz")
+    replay = _pytest(repo, "--parity-backend", "sloppy", "--parity-case", str(case), "-k", "replay")
+    assert replay.returncode == 1 and "1 failed" in replay.stdout, replay.stdout
+    unknown = _pytest(repo, "--parity-backend", "nosuch")
+    assert unknown.returncode == 4 and "unknown backend 'nosuch'" in unknown.stderr
