@@ -4,6 +4,7 @@ on (default: every installed backend); unavailable ones (no GPU here) skip clean
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -71,3 +72,20 @@ def real_model():
         return path
 
     return find
+
+
+@pytest.fixture
+def sloppy_plugin(tmp_path, monkeypatch):
+    """``faulty_backends.SloppyBackend`` installed as the entry-point plugin ``sloppy``, for this
+    process (sys.path) and the processes it starts (PYTHONPATH)."""
+    from faulty_backends import PLUGIN_SOURCE
+
+    (tmp_path / "ptest_sloppy.py").write_text(PLUGIN_SOURCE)
+    dist = tmp_path / "ptest_sloppy-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ptest-sloppy\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[parity]\nsloppy = ptest_sloppy\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    here = str(Path(__file__).parent)  # where faulty_backends lives
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), here, *sys.path]))
+    return tmp_path

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from types import MappingProxyType
 
 import numpy as np
 import pytest
+from faulty_backends import SloppyBackend
 
 from parity.backends.cpu import ops
-from parity.backends.cpu.backend import KERNELS, CpuBackend
+from parity.backends.cpu.backend import CpuBackend
 from parity.core.backend import Device
 from parity.core.compare import compare_runtimes, diff_arrays, ulp_distance
 from parity.core.ir import Op
@@ -49,20 +49,6 @@ def test_diff_arrays():
         diff_arrays(0, "ADD", a, a[:2])
 
 
-def _swiglu_via_np_exp(g, u, arg):
-    return (g / (np.float32(1) + np.exp(-g)) * u).astype(np.float32)
-
-
-class SloppyBackend(CpuBackend):
-    """The cpu oracle with one op 'optimised' the way the contract forbids: silu via np.exp."""
-
-    name = "sloppy"
-    kernels = MappingProxyType({**KERNELS, Op.SWIGLU: _swiglu_via_np_exp})
-
-    def __init__(self):
-        super().__init__(Device("sloppy"))
-
-
 @pytest.fixture(scope="module")
 def model():
     return synthetic_model(tiny_spec("llama"), seed=3)
@@ -87,7 +73,7 @@ def test_first_divergent_node_is_the_faulty_op(model):
         g,
         inputs,
         Runtime([CpuBackend(Device("cpu"))], weights),
-        Runtime([SloppyBackend()], weights),
+        Runtime([SloppyBackend(Device("cpu"))], weights),
     )
     first = report.first_divergent
     assert first is not None and first.op == "SWIGLU"

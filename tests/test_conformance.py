@@ -4,16 +4,24 @@ case files, the `parity conformance` command and the pytest plugin."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import textwrap
-from types import MappingProxyType
 
 import numpy as np
 import pytest
+from faulty_backends import (
+    HonestSloppyBackend,
+    PartialBackend,
+    SloppyBackend,
+    add_in_place,
+    add_noisy,
+    crash,
+    faulty,
+    kv_write_one_row_late,
+    mul_past_the_end,
+)
 
-from parity.backends.cpu.backend import KERNELS, CpuBackend
+from parity.backends.cpu.backend import CpuBackend
 from parity.cli.main import main
 from parity.conformance.case import CaseFileError, load_case, save_case
 from parity.conformance.harness import judge
@@ -30,68 +38,6 @@ SUITE = {s.id: s for s in op_suite()}
 
 def _cpu(cls=CpuBackend):
     return lambda: cls(Device("cpu"))
-
-
-def _swiglu_via_np_exp(g, u, arg):
-    return (g / (np.float32(1) + np.exp(-g)) * u).astype(np.float32)
-
-
-class SloppyBackend(CpuBackend):
-    """swiglu through np.exp, which the contract forbids, while claiming exact."""
-
-    name = "sloppy"
-    kernels = MappingProxyType({**KERNELS, Op.SWIGLU: _swiglu_via_np_exp})
-
-
-class HonestSloppyBackend(SloppyBackend):
-    name = "honest-sloppy"
-    manifest = MappingProxyType({"*": "exact", "SWIGLU": "ulp<=64"})
-
-
-def _kv_write_one_row_late(cache, rows, pos, arg):
-    cache[pos + 1] = rows
-    return cache
-
-
-def _add_in_place(a, b, arg):
-    np.add(a, b, out=a)
-    return a
-
-
-def _mul_past_the_end(a, b, arg):
-    out = np.multiply(a, b)
-    base = a
-    while base.base is not None:  # what a kernel with a wrong bound does: write one element on
-        base = base.base
-    offset = (a.ctypes.data - base.ctypes.data) // a.itemsize
-    base.reshape(-1)[offset + a.size] = 1.0  # past the end of its input's allocation
-    return out
-
-
-_calls = iter(range(1 << 30))
-
-
-def _add_noisy(a, b, arg):
-    out = np.add(a, b)
-    out.reshape(-1)[0] += np.float32(next(_calls) % 2)  # every other call differs
-    return out
-
-
-def _crash(x, arg):
-    raise RuntimeError("kernel launch failed")
-
-
-def _faulty(name: str, op: Op, fn) -> type[CpuBackend]:
-    return type(
-        name, (CpuBackend,), {"name": name, "kernels": MappingProxyType({**KERNELS, op: fn})}
-    )
-
-
-class PartialBackend(CpuBackend):
-    name = "partial"
-
-    def supports_op(self, node, srcs):
-        return node.op is not Op.ROPE
 
 
 # -- tiers and manifests -----------------------------------------------------------------------
@@ -183,16 +129,16 @@ def test_declared_bound_is_enforced_not_just_reported():
 @pytest.mark.parametrize(
     "case, op, fn, message",
     [
-        ("attention-9x3x64-p300-t1", Op.KV_WRITE, _kv_write_one_row_late,
+        ("attention-9x3x64-p300-t1", Op.KV_WRITE, kv_write_one_row_late,
          "state 'k' differs from the oracle's after the step, first at row 300"),
-        ("add-576", Op.ADD, _add_in_place, "wrote into its input 'a'"),
-        ("mul-576", Op.MUL, _mul_past_the_end, "wrote after the end of a float32[2304] buffer"),
-        ("add-576", Op.ADD, _add_noisy, "executing the same step again gave other bits"),
-        ("silu-1536", Op.SILU, _crash, "raised RuntimeError: kernel launch failed"),
+        ("add-576", Op.ADD, add_in_place, "wrote into its input 'a'"),
+        ("mul-576", Op.MUL, mul_past_the_end, "wrote after the end of a float32[2304] buffer"),
+        ("add-576", Op.ADD, add_noisy, "executing the same step again gave other bits"),
+        ("silu-1536", Op.SILU, crash, "raised RuntimeError: kernel launch failed"),
     ],
 )  # fmt: skip
 def test_harness_catches(case, op, fn, message):
-    r = judge(_cpu(_faulty("faulty", op, fn)), SUITE[case].build())
+    r = judge(_cpu(faulty(op, fn)), SUITE[case].build())
     assert r.failed and message in r.explain(), r.explain()
 
 
@@ -233,39 +179,7 @@ def test_bad_case_files_say_what_is_wrong(tmp_path):
 # -- `parity conformance` and the pytest plugin ------------------------------------------------
 
 
-@pytest.fixture
-def faulty_plugin(tmp_path, monkeypatch):
-    """A plugin distribution on sys.path (and PYTHONPATH) registering the sloppy backend."""
-    (tmp_path / "ptest_sloppy.py").write_text(
-        textwrap.dedent("""
-        from types import MappingProxyType
-        import numpy as np
-        from parity.backends.cpu.backend import KERNELS, CpuBackend
-        from parity.core.hookspecs import hookimpl
-        from parity.core.ir import Op
-
-        def swiglu(g, u, arg):
-            return (g / (np.float32(1) + np.exp(-g)) * u).astype(np.float32)
-
-        class Sloppy(CpuBackend):
-            name = "sloppy"
-            kernels = MappingProxyType({**KERNELS, Op.SWIGLU: swiglu})
-
-        @hookimpl
-        def parity_register_backends(register):
-            register(Sloppy)
-    """)
-    )
-    dist = tmp_path / "ptest_sloppy-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ptest-sloppy\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[parity]\nsloppy = ptest_sloppy\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
-    return tmp_path
-
-
-def test_conformance_command_table_and_exit_status(faulty_plugin, capsys):
+def test_conformance_command_table_and_exit_status(sloppy_plugin, capsys):
     assert main(["conformance", "cpu", "-k", "rms_norm", "-k", "argmax"]) == 0
     out = capsys.readouterr().out
     assert "RMS_NORM  F32   exact     2      exact" in out
@@ -275,7 +189,7 @@ def test_conformance_command_table_and_exit_status(faulty_plugin, capsys):
     assert {c["result"] for c in report["cases"]} == {"FAIL"}
 
 
-def test_conformance_replays_a_case_file(faulty_plugin, tmp_path, capsys):
+def test_conformance_replays_a_case_file(sloppy_plugin, tmp_path, capsys):
     path = save_case(SUITE["swiglu-4864"].build(), tmp_path / "swiglu.npz")
     assert main(["conformance", "sloppy", "--case", str(path)]) == 1
     out = capsys.readouterr().out
@@ -297,7 +211,7 @@ def _pytest(cwd, *args):
     )  # fmt: skip
 
 
-def test_pytest_plugin_in_an_empty_repository(faulty_plugin, tmp_path):
+def test_pytest_plugin_in_an_empty_repository(sloppy_plugin, tmp_path):
     repo = tmp_path / "author-repo"
     repo.mkdir()
     ok = _pytest(repo, "--parity-backend", "cpu", "-k", "rms_norm or rope")

@@ -429,7 +429,7 @@ def compare(args: argparse.Namespace) -> int:
             f"context of {spec.n_ctx_train}; shorten the prompt or pass fewer --tokens"
         )
     report = compare_steps(
-        _model_ref(args),
+        Path(_model_ref(args)).name.removesuffix(".gguf"),
         spec,
         weights,
         prompt,

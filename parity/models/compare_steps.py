@@ -1,0 +1,275 @@
+"""``parity compare``: a model run step by step on two backends, every node of every step compared.
+
+Step 0 is the prompt's prefill; each later step decodes one token; ``n_tokens`` steps sample
+``n_tokens`` tokens. Both backends are fed the
+reference's token at every step (teacher forcing), so their graphs see the same sequence and each
+step's comparison is meaningful; each side's own choice of the next token is recorded, and their
+agreement reported.
+
+A node breaks its tier when its difference from the reference exceeds what the candidate's
+manifest declares for it (``parity.core.tiers``). When its sources were bit-identical in the run,
+that is a violation outright. When they were not (an earlier node's bounded error flowed into
+them), the node is replayed alone on the reference's values of its sources: it is a violation only
+if it breaks its tier there too, else the difference was inherited. The first violation is saved
+as a case file (``parity.conformance.case``) that ``parity conformance NAME --case FILE`` replays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from parity.conformance.case import Case, save_case
+from parity.conformance.harness import judge
+from parity.core.backend import Backend
+from parity.core.builder import GraphBuilder, Ref
+from parity.core.compare import NodeDiff, diff_arrays
+from parity.core.ir import Graph, Op
+from parity.core.params import GraphParams
+from parity.core.runtime import Runtime
+from parity.core.tiers import Tier, backend_manifest
+from parity.core.weights import WeightData
+from parity.models.decoder import DecoderSpec, build_decoder, graph_inputs
+from parity.models.sampling import Sampler, SamplingParams
+
+MAX_REPLAYS = 16  # nodes replayed alone per run, at most, to tell inherited error from a fault
+
+
+@attrs.frozen
+class Violation:
+    step: int
+    diff: NodeDiff
+    tier: Tier
+    sources_identical: bool  # the node's inputs were bit-identical in the run
+    replay: str  # what replaying it alone showed
+    case_path: Path | None
+
+    def describe(self) -> str:
+        d = self.diff
+        where = "its inputs were bit-identical" if self.sources_identical else self.replay
+        saved = f"\nsaved as {self.case_path}" if self.case_path else ""
+        return (
+            f"step {self.step} %{d.node} {d.op}{list(d.shape)} breaks its declared tier "
+            f"({self.tier}): {d.n_diff}/{d.n_elements} elements differ, max ULP {d.max_ulp:g}, "
+            f"NMSE {d.nmse:.3g}; {where}{saved}"
+        )
+
+
+@attrs.frozen
+class StepsReport:
+    model: str
+    reference: str
+    candidate: str
+    steps: int
+    nodes_compared: int
+    nodes_identical: int
+    max_ulp: float
+    worst_nmse: float
+    reference_tokens: tuple[int, ...]
+    candidate_tokens: tuple[int, ...]
+    first_divergent: tuple[int, NodeDiff] | None  # (step, node): any difference at all
+    violation: Violation | None
+
+    @property
+    def identical_share(self) -> float:
+        return self.nodes_identical / self.nodes_compared if self.nodes_compared else 1.0
+
+    @property
+    def tokens_agree(self) -> int:
+        return sum(
+            a == b for a, b in zip(self.reference_tokens, self.candidate_tokens, strict=True)
+        )
+
+    def summary(self) -> str:
+        lines = [
+            f"{self.candidate} vs {self.reference} on {self.model}: {self.steps} steps, "
+            f"{self.nodes_compared} nodes compared, {self.identical_share:.2%} bit-identical, "
+            f"max ULP {self.max_ulp:g}, worst NMSE {self.worst_nmse:.3g}",
+            f"sampled tokens agree: {self.tokens_agree}/{len(self.reference_tokens)}",
+        ]
+        if self.first_divergent is None:
+            lines.append("every node of every step is bit-identical")
+        else:
+            step, d = self.first_divergent
+            lines.append(
+                f"first divergent node: step {step} %{d.node} {d.op}{list(d.shape)}: "
+                f"{d.n_diff}/{d.n_elements} elements differ, max ULP {d.max_ulp:g}, "
+                f"NMSE {d.nmse:.3g}"
+            )
+        if self.violation is None:
+            lines.append(f"no node breaks the tiers {self.candidate} declares")
+        else:
+            lines.append(f"VIOLATION: {self.violation.describe()}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        first = self.first_divergent
+        v = self.violation
+        return {
+            "model": self.model,
+            "reference": self.reference,
+            "candidate": self.candidate,
+            "steps": self.steps,
+            "nodes_compared": self.nodes_compared,
+            "bit_identical_share": self.identical_share,
+            "max_ulp": self.max_ulp,
+            "worst_nmse": self.worst_nmse,
+            "reference_tokens": list(self.reference_tokens),
+            "candidate_tokens": list(self.candidate_tokens),
+            "tokens_agree": self.tokens_agree,
+            "first_divergent": None
+            if first is None
+            else {"step": first[0], **attrs.asdict(first[1])},
+            "violation": None
+            if v is None
+            else {
+                "step": v.step,
+                "node": attrs.asdict(v.diff),
+                "tier": str(v.tier),
+                "sources_identical": v.sources_identical,
+                "replay": v.replay,
+                "case": None if v.case_path is None else str(v.case_path),
+            },
+        }
+
+
+def node_case(
+    graph: Graph,
+    node_id: int,
+    values: Mapping[int, np.ndarray],
+    inputs: Mapping[str, np.ndarray],
+    weights: Mapping[str, WeightData],
+    states: Mapping[str, np.ndarray],
+    case_id: str,
+    note: str = "",
+) -> Case:
+    """One node of a graph as a standalone case: computed sources become INPUTs holding
+    ``values`` (the reference's), leaves keep their kind and value. A KV_WRITE source stays a
+    KV_WRITE (ATTENTION reads caches only through one), on the cache as it was before the step."""
+    b = GraphBuilder()
+    case_inputs: dict[str, np.ndarray] = {}
+    case_weights: dict[str, WeightData] = {}
+    case_states: dict[str, np.ndarray] = {}
+
+    def operand(s: int, keep_kv_write: bool) -> Ref:
+        src = graph.nodes[s]
+        if src.op is Op.WEIGHT:
+            case_weights[src.arg] = weights[src.arg]
+            return b.weight(src.arg, src.dtype, src.shape)
+        if src.op is Op.STATE:
+            case_states[src.arg] = states[src.arg]
+            return b.state(src.arg, src.shape, src.dtype)
+        if src.op is Op.KV_WRITE and keep_kv_write:
+            return b.op(src.op, *(operand(t, False) for t in src.src), arg=src.arg)
+        name = src.arg if src.op is Op.INPUT else f"{src.op.name.lower()}_{s}"
+        case_inputs[name] = inputs[src.arg] if src.op is Op.INPUT else values[s]
+        return b.input(name, src.dtype, src.shape)
+
+    node = graph.nodes[node_id]
+    out = b.op(node.op, *(operand(s, True) for s in node.src), arg=node.arg)
+    return Case(case_id, b.build(out), case_inputs, case_weights, case_states, note)
+
+
+def compare_steps(
+    model: str,
+    spec: DecoderSpec,
+    weights: Mapping[str, WeightData],
+    prompt: Sequence[int],
+    n_tokens: int,
+    reference: Callable[[], Backend],
+    candidate: Callable[[], Backend],
+    *,
+    sampling: SamplingParams | None = None,
+    case_dir: Path | None = None,
+) -> StepsReport:
+    """Prefill ``prompt`` and decode until ``n_tokens`` tokens are sampled, on both backends
+    (``reference`` and ``candidate`` make instances), comparing every node at every step."""
+    if not prompt or n_tokens < 1:
+        raise ValueError("compare needs a prompt of at least one token and n_tokens >= 1")
+    n_ctx = len(prompt) + n_tokens - 1
+    sampling = sampling or SamplingParams(temperature=0.0)
+    ref_backend, cand_backend = reference(), candidate()
+    manifest = backend_manifest(type(cand_backend))
+    runtimes = [Runtime([ref_backend], weights), Runtime([cand_backend], weights, strict=True)]
+    samplers = [Sampler(sampling, spec.n_vocab), Sampler(sampling, spec.n_vocab)]
+    states: dict[str, np.ndarray] = {}  # the reference's caches before the step
+    dirty: set[str] = set()  # caches whose candidate copy differs from the reference's
+    history: list[int] = list(prompt)
+    ref_tokens: list[int] = []
+    cand_tokens: list[int] = []
+    compared = identical = 0
+    max_ulp = worst_nmse = 0.0
+    first: tuple[int, NodeDiff] | None = None
+    violation: Violation | None = None
+    replays = 0
+    step_tokens: list[int] = list(prompt)
+    for step in range(n_tokens):
+        params = GraphParams(n_tokens=len(step_tokens), n_ctx=n_ctx)
+        graph = build_decoder(spec, params)
+        inputs = graph_inputs(np.array(step_tokens), len(history) - len(step_tokens))
+        computed = tuple(i for i, n in enumerate(graph.nodes) if not n.op.is_leaf)
+        ref_out, cand_out = (rt.run(graph, inputs, expose=computed) for rt in runtimes)
+        for name, s in graph.leaves(Op.STATE).items():
+            states.setdefault(name, np.zeros(graph.nodes[s].shape, np.float32))
+        differs: set[int] = set()
+        for i in computed:
+            node = graph.nodes[i]
+            d = diff_arrays(i, node.op.name, ref_out[i], cand_out[i])
+            compared += 1
+            identical += d.identical
+            max_ulp, worst_nmse = max(max_ulp, d.max_ulp), _max_nan(worst_nmse, d.nmse)
+            if d.identical:
+                continue
+            differs.add(i)
+            first = first or (step, d)
+            srcs = [graph.nodes[s] for s in node.src]
+            tier = manifest.tier_of(node, srcs)
+            if violation is not None or tier.admits(d):
+                continue
+            sources_identical = not any(
+                s in differs or (graph.nodes[s].op is Op.STATE and graph.nodes[s].arg in dirty)
+                for s in node.src
+            )
+            case = node_case(graph, i, ref_out, inputs, weights, states,
+                             f"{model}-step{step}-n{i}-{node.op.name.lower()}",
+                             note=f"parity compare {model}: {cand_backend.name} vs "
+                                  f"{ref_backend.name}, step {step}, node %{i}")  # fmt: skip
+            if not sources_identical and replays >= MAX_REPLAYS:
+                continue
+            replays += not sources_identical
+            alone = judge(candidate, case)
+            if sources_identical or alone.failed:
+                replay = (
+                    "replayed alone it breaks its tier too"
+                    if alone.failed
+                    else "replayed alone it stays within its tier (a whole-graph effect)"
+                )
+                path = save_case(case, case_dir / f"{case.id}.npz") if case_dir else None
+                violation = Violation(step, d, tier, sources_identical, replay, path)
+        logits = [out[graph.outputs[0]][-1] for out in (ref_out, cand_out)]
+        tokens = [sampler(lg, history) for sampler, lg in zip(samplers, logits, strict=True)]
+        ref_tokens.append(tokens[0])
+        cand_tokens.append(tokens[1])
+        for i in computed:  # the caches after this step are the next step's starting states
+            node = graph.nodes[i]
+            if node.op is Op.KV_WRITE:
+                name = graph.nodes[node.src[0]].arg
+                states[name] = ref_out[i]
+                if i in differs:
+                    dirty.add(name)
+        history.append(tokens[0])
+        step_tokens = [tokens[0]]
+    for rt in runtimes:
+        for b in rt.backends:
+            b.close()
+    return StepsReport(model, ref_backend.name, cand_backend.name, n_tokens, compared,
+                       identical, max_ulp, worst_nmse, tuple(ref_tokens), tuple(cand_tokens),
+                       first, violation)  # fmt: skip
+
+
+def _max_nan(a: float, b: float) -> float:
+    return b if math.isnan(b) or b > a else a

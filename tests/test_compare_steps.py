@@ -1,0 +1,104 @@
+"""`parity compare`: every node of every step, tiers enforced, violations saved and replayable."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from faulty_backends import HonestSloppyBackend, SloppyBackend
+
+from parity.backends.cpu.backend import CpuBackend
+from parity.cli.main import main
+from parity.conformance.case import load_case
+from parity.conformance.harness import judge
+from parity.core.backend import Device
+from parity.models.compare_steps import compare_steps
+from parity.models.gguf_file import read_model_file
+from parity.models.gguf_write import tiny_bpe_tokenizer, write_model_gguf
+from parity.models.model import graph_weights
+from parity.models.synthetic import synthetic_model, tiny_spec
+
+PROMPT = [1, 17, 42, 99, 7]
+
+
+def make(cls, **kwargs):
+    return lambda: cls(Device("cpu"), **kwargs)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def model(request):
+    spec, weights = synthetic_model(tiny_spec(request.param), seed=11)
+    return request.param, spec, weights
+
+
+def run(model, candidate, tmp_path=None, n_tokens=4):
+    name, spec, weights = model
+    return compare_steps(name, spec, weights, PROMPT, n_tokens, make(CpuBackend), candidate,
+                         case_dir=tmp_path)  # fmt: skip
+
+
+def test_identical_implementations_agree_everywhere(model):
+    report = run(model, make(CpuBackend, kernels="numpy"))
+    assert report.steps == 4 and report.first_divergent is None and report.violation is None
+    nodes_per_step = report.nodes_compared / 4
+    assert nodes_per_step > 20 and report.identical_share == 1.0
+    assert report.tokens_agree == 4 and len(report.reference_tokens) == 4
+    assert "100.00% bit-identical" in report.summary()
+    assert "sampled tokens agree: 4/4" in report.summary()
+
+
+def test_a_node_beyond_its_tier_is_named_saved_and_replayable(model, tmp_path):
+    report = run(model, make(SloppyBackend), tmp_path)
+    v = report.violation
+    assert v is not None and v.step == 0 and v.diff.op == "SWIGLU" and v.sources_identical
+    assert report.first_divergent == (0, v.diff)
+    assert "VIOLATION: step 0 %" in report.summary() and "breaks its declared tier (exact)" in (
+        report.summary()
+    )
+    case = load_case(v.case_path)
+    assert case.subject.op.name == "SWIGLU" and set(case.inputs) == {
+        n.arg for n in case.graph if n.op.name == "INPUT"
+    }
+    assert judge(make(SloppyBackend), case).failed  # the saved case reproduces the fault
+    assert judge(make(CpuBackend), case).verdict == "exact"
+
+
+def test_inherited_differences_are_not_violations(model, tmp_path):
+    """A bounded SWIGLU changes every later node; replayed alone, each stays exact."""
+    report = run(model, make(HonestSloppyBackend, numerics="fast"), tmp_path)
+    assert report.violation is None, report.summary()
+    assert report.first_divergent[1].op == "SWIGLU"
+    assert report.identical_share < 0.9 and report.max_ulp > 0
+    assert not list(tmp_path.iterdir())
+
+
+def test_compare_command(sloppy_plugin, tmp_path, capsys, monkeypatch):
+    spec, weights = synthetic_model(tiny_spec("llama"), seed=5)
+    path = tmp_path / "tiny.gguf"
+    write_model_gguf(path, spec, weights, tokenizer=tiny_bpe_tokenizer())
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "-m", str(path), "--backends", "cpu,cpu", "-n", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu vs cpu on" in out and "sampled tokens agree: 3/3" in out
+    assert main(["compare", "-m", str(path), "--backends", "cpu,sloppy", "-n", "2", "--json"]) == 1
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["violation"]["node"]["op"] == "SWIGLU" and report["steps"] == 2
+    saved = report["violation"]["case"]
+    assert saved.startswith("parity-cases/") and (tmp_path / saved).is_file()
+    assert f"parity conformance sloppy --case {saved}" in captured.err
+    assert main(["conformance", "sloppy", "--case", saved]) == 1
+    assert main(["compare", "-m", str(path), "--backends", "cpu"]) == 1
+    assert "--backends takes two names" in capsys.readouterr().err
+    assert main(["compare", "-m", str(path), "--backends", "cpu,nosuch"]) == 1
+    assert "unknown backend 'nosuch'" in capsys.readouterr().err
+
+
+def test_graph_weights_file_round_trip_is_what_compare_runs(tmp_path):
+    spec, weights = synthetic_model(tiny_spec("qwen2"), seed=2)
+    path = tmp_path / "q.gguf"
+    write_model_gguf(path, spec, weights, tokenizer=tiny_bpe_tokenizer())
+    file_spec, file_weights = graph_weights(read_model_file(path))
+    report = compare_steps("q", file_spec, file_weights, PROMPT, 2, make(CpuBackend),
+                           make(CpuBackend, kernels="numpy"))  # fmt: skip
+    assert report.violation is None and report.identical_share == 1.0
