@@ -75,6 +75,10 @@ def test_bad_hook_signature_is_refused(pm):
         (type("Old", (CpuBackend,), {"name": "old", "api_version": 0}), "plugin API version 0"),
         (type("Twin", (CpuBackend,), {"name": "cpu"}), "already registered by plugin 'cpu'"),
         ((InlineBackend, InlineBackend), "registers two backends named 'inline'"),
+        (
+            type("Tiers", (CpuBackend,), {"name": "tiers", "manifest": {"ADD": "close"}}),
+            "backend 'tiers' declares a bad manifest: bad tier 'close'",
+        ),
     ],
 )
 def test_bad_registrations_mark_only_that_plugin_broken(pm, offered, message):
@@ -126,6 +130,18 @@ def entry_points_on_path(tmp_path, monkeypatch):
                 register(GoodBackend)
         """,
         "ptest_import_error": "raise ImportError('needs libfoo.so')\n",
+        "ptest_old_api": """
+            from parity.backends.cpu.backend import CpuBackend
+            from parity.core.hookspecs import hookimpl
+
+            class OldBackend(CpuBackend):
+                name = "oldapi"
+                api_version = 0
+
+            @hookimpl
+            def parity_register_backends(register):
+                register(OldBackend)
+        """,
         "ptest_typo": """
             from parity.core.hookspecs import hookimpl
 
@@ -150,6 +166,7 @@ def entry_points_on_path(tmp_path, monkeypatch):
     (dist / "entry_points.txt").write_text(
         "[parity]\ngood = ptest_good\nmissing = ptest_not_there\n"
         "importerror = ptest_import_error\nbadhook = ptest_bad_hook\ntypo = ptest_typo\n"
+        "oldapi = ptest_old_api\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
 
@@ -158,12 +175,13 @@ def test_broken_entry_points_are_isolated(entry_points_on_path):
     with pytest.warns(PluginWarning) as caught:
         registry = load_backends(env={})
     assert set(registry.backends) == {"cpu", "good"}
-    assert set(registry.broken) == {"missing", "importerror", "badhook", "typo"}
+    assert set(registry.broken) == {"missing", "importerror", "badhook", "typo", "oldapi"}
     assert "ModuleNotFoundError" in registry.broken["missing"]
     assert "needs libfoo.so" in registry.broken["importerror"]
     assert registry.broken["badhook"].startswith("rejected: PluginValidationError")
     assert "parity_register_backend" in registry.broken["typo"]
-    assert len(caught) == 4 and all("is broken and was skipped" in str(w.message) for w in caught)
+    assert "targets plugin API version 0, this parity speaks 1" in registry.broken["oldapi"]
+    assert len(caught) == 5 and all("is broken and was skipped" in str(w.message) for w in caught)
     # the working plugin's backend runs
     assert registry.get("good").available().ok
 
@@ -173,7 +191,7 @@ def test_parity_plugins_limits_what_loads(entry_points_on_path):
         warnings.simplefilter("error")  # no broken plugin may even be imported
         only = load_backends(env={"PARITY_PLUGINS": "good"})
         assert set(only.backends) == {"cpu", "good"} and not only.broken  # cpu always loads
-        rest = load_backends(env={"PARITY_PLUGINS": "-missing,-importerror,-badhook,-typo"})
+        rest = load_backends(env={"PARITY_PLUGINS": "-missing,-importerror,-badhook,-typo,-oldapi"})
         assert set(rest.backends) == {"cpu", "good"} and not rest.broken
         assert set(load_backends(env={"PARITY_PLUGINS": "good,-cpu"}).backends) == {"cpu", "good"}
 
@@ -189,3 +207,29 @@ def test_unknown_backend_names_the_installed_ones(pm):
     registry.broken["jax"] = "failed to import"
     with pytest.raises(PluginError, match=r"unknown backend 'cuda'; installed backends: cpu .*jax"):
         registry.get("cuda")
+
+
+def test_broken_plugins_on_the_command_line(entry_points_on_path, capsys):
+    """`parity backends` lists each broken plugin with its reason; other commands warn in one
+    line per plugin and keep working; asking for a broken plugin's backend says why."""
+    from parity.cli.main import main
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        assert main(["backends"]) == 0
+        out = capsys.readouterr().out
+        assert "good       available" in out
+        assert "importerror broken: failed to import ptest_import_error: ImportError" in out
+        assert (
+            "oldapi     broken: failed to register: PluginError: backend 'oldapi' targets "
+            "plugin API version 0" in out
+        )
+        assert main(["conformance", "good", "-k", "argmax"]) == 0
+        err = capsys.readouterr().err
+        assert err.count("parity: warning: parity plugin 'importerror' is broken") == 1
+        assert "Traceback" not in err and "PluginWarning" not in err
+        assert main(["conformance", "oldapi"]) == 1
+        err = capsys.readouterr().err
+        assert (
+            "parity: error: backend 'oldapi' is not available: its plugin 'oldapi' is broken" in err
+        )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
 
 from parity.cli import commands
@@ -167,8 +168,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _plugin_warnings():
+    """Show a broken plugin as one line, once per command, instead of Python's warning format;
+    returns the previous ``warnings.showwarning`` to put back."""
+    from parity.core.plugins import PluginWarning
+
+    shown: set[str] = set()
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if not issubclass(category, PluginWarning):
+            default(message, category, filename, lineno, file, line)
+        elif str(message) not in shown:
+            shown.add(str(message))
+            print(f"parity: warning: {message}", file=sys.stderr)
+
+    warnings.showwarning = show
+    return default
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    previous = _plugin_warnings()
     try:
         return args.func(args) or 0
     except ParityError as e:
@@ -180,3 +201,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `parity run ... | head`: the reader left
         sys.stderr.close()
         return EXIT_ERROR
+    finally:
+        warnings.showwarning = previous

@@ -43,6 +43,11 @@ class Registry:
     def get(self, name: str) -> type[Backend]:
         if name in self.backends:
             return self.backends[name]
+        if name in self.broken:  # plugins are usually named after their backend
+            raise PluginError(
+                f"backend {name!r} is not available: its plugin {name!r} is broken "
+                f"({self.broken[name]}); see `parity backends`"
+            )
         known = ", ".join(self.backends) or "none"
         hint = f" (broken plugins: {', '.join(self.broken)})" if self.broken else ""
         raise PluginError(f"unknown backend {name!r}; installed backends: {known}{hint}")
