@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from faulty_backends import HonestSloppyBackend, SloppyBackend
+from faulty_backends import HonestSloppyBackend, PartialBackend, SloppyBackend
 
 from parity.backends.cpu.backend import CpuBackend
 from parity.cli.main import main
 from parity.conformance.case import load_case
 from parity.conformance.harness import judge
 from parity.core.backend import Device
+from parity.errors import SchedulingError
 from parity.models.compare_steps import compare_steps
 from parity.models.gguf_file import read_model_file
 from parity.models.gguf_write import tiny_bpe_tokenizer, write_model_gguf
@@ -102,3 +103,14 @@ def test_graph_weights_file_round_trip_is_what_compare_runs(tmp_path):
     report = compare_steps("q", file_spec, file_weights, PROMPT, 2, make(CpuBackend),
                            make(CpuBackend, kernels="numpy"))  # fmt: skip
     assert report.violation is None and report.identical_share == 1.0
+
+
+def test_unsupported_ops_fall_back_and_are_counted(model):
+    name, spec, weights = model
+    report = compare_steps(name, spec, weights, PROMPT, 2, make(CpuBackend), make(PartialBackend),
+                           fallback=make(CpuBackend))  # fmt: skip
+    ropes = report.nodes_compared - report.nodes_on_candidate
+    assert ropes == 2 * 2 * spec.n_layer  # q and k, per layer, per step
+    assert "(the rest fell back)" in report.summary() and report.violation is None
+    with pytest.raises(SchedulingError, match=r"no backend can run .* ROPE"):
+        compare_steps(name, spec, weights, PROMPT, 1, make(CpuBackend), make(PartialBackend))

@@ -250,6 +250,7 @@ def tokenize(args: argparse.Namespace) -> int:
 
 def backends(args: argparse.Namespace) -> int:
     from parity.core.plugins import load_backends
+    from parity.core.tiers import backend_manifest
 
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
@@ -267,6 +268,7 @@ def backends(args: argparse.Namespace) -> int:
                 "available": ok.ok,
                 "reason": ok.reason,
                 "numerics": list(cls.numerics_modes),
+                "tiers": backend_manifest(cls).to_dict(),
                 "devices": [
                     {"id": d.id, "description": d.description, "score": cls.score(d)}
                     for d in devices
@@ -279,7 +281,8 @@ def backends(args: argparse.Namespace) -> int:
         return 0
     for r in rows:
         state = "available" if r["available"] else f"unavailable: {r['reason']}"
-        print(f"{r['name']:<10} {state}  (numerics: {', '.join(r['numerics'])})")
+        tiers = ", ".join(f"{k} {v}" for k, v in r["tiers"].items())
+        print(f"{r['name']:<10} {state}  (numerics: {', '.join(r['numerics'])}; tiers: {tiers})")
         for d in r["devices"]:
             print(f"{'':<10} {d['id']:<10} score {d['score']:<4} {d['description']}")
     for b in broken:
@@ -438,6 +441,7 @@ def compare(args: argparse.Namespace) -> int:
         candidate,
         sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
         case_dir=Path(args.save_dir),
+        fallback=None if args.strict or names[1] == "cpu" else backend_factory(registry, "cpu"),
     )
     print(json.dumps(report.to_dict()) if args.json else report.summary())
     if report.violation is not None and report.violation.case_path is not None:

@@ -163,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the first violation is saved as a replayable case (default: ./parity-cases)",
     )  # fmt: skip
     p.add_argument("--device", type=int, help="device index of the candidate")
+    p.add_argument(
+        "--strict", action="store_true",
+        help="fail if the candidate lacks an op (default: that op falls back to cpu)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.set_defaults(func=commands.compare)
     return parser

@@ -31,7 +31,7 @@ from parity.core.compare import NodeDiff, diff_arrays
 from parity.core.ir import Graph, Op
 from parity.core.params import GraphParams
 from parity.core.runtime import Runtime
-from parity.core.tiers import Tier, backend_manifest
+from parity.core.tiers import EXACT, Tier, backend_manifest
 from parity.core.weights import WeightData
 from parity.models.decoder import DecoderSpec, build_decoder, graph_inputs
 from parity.models.sampling import Sampler, SamplingParams
@@ -66,6 +66,7 @@ class StepsReport:
     candidate: str
     steps: int
     nodes_compared: int
+    nodes_on_candidate: int  # the rest ran on the fallback backend
     nodes_identical: int
     max_ulp: float
     worst_nmse: float
@@ -89,6 +90,8 @@ class StepsReport:
             f"{self.candidate} vs {self.reference} on {self.model}: {self.steps} steps, "
             f"{self.nodes_compared} nodes compared, {self.identical_share:.2%} bit-identical, "
             f"max ULP {self.max_ulp:g}, worst NMSE {self.worst_nmse:.3g}",
+            f"nodes run by {self.candidate}: {self.nodes_on_candidate}/{self.nodes_compared}"
+            + ("" if self.nodes_on_candidate == self.nodes_compared else " (the rest fell back)"),
             f"sampled tokens agree: {self.tokens_agree}/{len(self.reference_tokens)}",
         ]
         if self.first_divergent is None:
@@ -115,6 +118,7 @@ class StepsReport:
             "candidate": self.candidate,
             "steps": self.steps,
             "nodes_compared": self.nodes_compared,
+            "nodes_on_candidate": self.nodes_on_candidate,
             "bit_identical_share": self.identical_share,
             "max_ulp": self.max_ulp,
             "worst_nmse": self.worst_nmse,
@@ -185,23 +189,29 @@ def compare_steps(
     *,
     sampling: SamplingParams | None = None,
     case_dir: Path | None = None,
+    fallback: Callable[[], Backend] | None = None,
 ) -> StepsReport:
     """Prefill ``prompt`` and decode until ``n_tokens`` tokens are sampled, on both backends
-    (``reference`` and ``candidate`` make instances), comparing every node at every step."""
+    (``reference`` and ``candidate`` make instances), comparing every node at every step.
+    With ``fallback``, nodes the candidate does not support run there instead of failing."""
     if not prompt or n_tokens < 1:
         raise ValueError("compare needs a prompt of at least one token and n_tokens >= 1")
     n_ctx = len(prompt) + n_tokens - 1
     sampling = sampling or SamplingParams(temperature=0.0)
     ref_backend, cand_backend = reference(), candidate()
     manifest = backend_manifest(type(cand_backend))
-    runtimes = [Runtime([ref_backend], weights), Runtime([cand_backend], weights, strict=True)]
+    cand_backends = [cand_backend, *([fallback()] if fallback else [])]
+    runtimes = [
+        Runtime([ref_backend], weights),
+        Runtime(cand_backends, weights, strict=not fallback),
+    ]
     samplers = [Sampler(sampling, spec.n_vocab), Sampler(sampling, spec.n_vocab)]
     states: dict[str, np.ndarray] = {}  # the reference's caches before the step
     dirty: set[str] = set()  # caches whose candidate copy differs from the reference's
     history: list[int] = list(prompt)
     ref_tokens: list[int] = []
     cand_tokens: list[int] = []
-    compared = identical = 0
+    compared = identical = nodes_on_candidate = 0
     max_ulp = worst_nmse = 0.0
     first: tuple[int, NodeDiff] | None = None
     violation: Violation | None = None
@@ -213,6 +223,7 @@ def compare_steps(
         inputs = graph_inputs(np.array(step_tokens), len(history) - len(step_tokens))
         computed = tuple(i for i, n in enumerate(graph.nodes) if not n.op.is_leaf)
         ref_out, cand_out = (rt.run(graph, inputs, expose=computed) for rt in runtimes)
+        plan = runtimes[1].plan(graph, expose=computed)
         for name, s in graph.leaves(Op.STATE).items():
             states.setdefault(name, np.zeros(graph.nodes[s].shape, np.float32))
         differs: set[int] = set()
@@ -220,6 +231,8 @@ def compare_steps(
             node = graph.nodes[i]
             d = diff_arrays(i, node.op.name, ref_out[i], cand_out[i])
             compared += 1
+            on_candidate = plan.backend_of(i) == cand_backend.name
+            nodes_on_candidate += on_candidate
             identical += d.identical
             max_ulp, worst_nmse = max(max_ulp, d.max_ulp), _max_nan(worst_nmse, d.nmse)
             if d.identical:
@@ -227,7 +240,7 @@ def compare_steps(
             differs.add(i)
             first = first or (step, d)
             srcs = [graph.nodes[s] for s in node.src]
-            tier = manifest.tier_of(node, srcs)
+            tier = manifest.tier_of(node, srcs) if on_candidate else EXACT
             if violation is not None or tier.admits(d):
                 continue
             sources_identical = not any(
@@ -267,8 +280,8 @@ def compare_steps(
         for b in rt.backends:
             b.close()
     return StepsReport(model, ref_backend.name, cand_backend.name, n_tokens, compared,
-                       identical, max_ulp, worst_nmse, tuple(ref_tokens), tuple(cand_tokens),
-                       first, violation)  # fmt: skip
+                       nodes_on_candidate, identical, max_ulp, worst_nmse, tuple(ref_tokens),
+                       tuple(cand_tokens), first, violation)  # fmt: skip
 
 
 def _max_nan(a: float, b: float) -> float:
