@@ -107,9 +107,15 @@ def format_table(backend: str, results: Sequence[CaseResult]) -> str:
         f"{backend}: {len(results)} cases: {counts['exact']} bit-exact, {counts['bound']} within "
         f"the declared bound, {counts['FAIL']} FAIL, {counts['unsupported']} unsupported"
     )
+    unsupported = sorted({r.op for r in results if r.verdict == "unsupported"})
+    if unsupported:
+        lines.append(
+            f"{backend} does not support {', '.join(unsupported)} (on some or all types); in a "
+            "model those nodes run on cpu, or fail under strict"
+        )
     for r in results:
-        if r.verdict in ("FAIL", "unsupported"):
-            lines.append(f"\n{r.verdict} {r.case}:")
+        if r.failed:
+            lines.append(f"\nFAIL {r.case}:")
             lines.extend(f"  {line}" for line in r.explain().splitlines())
     if results and not any(r.guarded for r in results if r.verdict != "unsupported"):
         lines.append(
