@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from parity.models.registry import ModelStatus
 
 
-EXIT_FAILED = 1  # a check found a violation (conformance, compare)
+EXIT_FAILED = 3  # a check ran and found a violation (conformance, compare); errors exit 1
 
 
 def version() -> str:
@@ -365,12 +365,13 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def conformance(args: argparse.Namespace) -> int:
+    from parity.conformance.harness import CaseResult
     from parity.conformance.report import backend_factory, format_table, run_suite
     from parity.core.plugins import load_backends
 
     factory = backend_factory(load_backends(), args.backend, args.device)
 
-    def progress(r) -> None:
+    def progress(r: CaseResult) -> None:
         if args.verbose:
             _err(f"{r.verdict:<11} {r.case}")
 
@@ -385,24 +386,10 @@ def conformance(args: argparse.Namespace) -> int:
         raise ParityError(f"no case matches {', '.join(args.patterns)}; see `parity conformance "
                           f"{args.backend} --json` for the case ids")  # fmt: skip
     if args.json:
-        print(json.dumps({"backend": args.backend, "cases": [_case_json(r) for r in results]}))
+        print(json.dumps({"backend": args.backend, "cases": [r.to_dict() for r in results]}))
     else:
         print(format_table(args.backend, results))
     return EXIT_FAILED if any(r.failed for r in results) else 0
-
-
-def _case_json(r) -> dict:
-    return {
-        "case": r.case,
-        "op": r.op,
-        "type": r.type,
-        "declared": str(r.tier),
-        "result": r.verdict,
-        "max_ulp": r.max_ulp,
-        "worst_nmse": r.nmse,
-        "problems": list(r.problems),
-        "guarded": r.guarded,
-    }
 
 
 def compare(args: argparse.Namespace) -> int:
@@ -426,11 +413,19 @@ def compare(args: argparse.Namespace) -> int:
     if not prompt:
         raise ParityError("the prompt encodes to no tokens; give a non-empty --prompt")
     spec, weights = graph_weights(file)
-    if len(prompt) + args.tokens - 1 > spec.n_ctx_train:
+    needed = len(prompt) + args.tokens - 1
+    n_ctx = args.ctx or needed
+    if not needed <= n_ctx <= spec.n_ctx_train:
         raise ParityError(
-            f"prompt ({len(prompt)} tokens) plus {args.tokens} tokens exceeds the model's "
-            f"context of {spec.n_ctx_train}; shorten the prompt or pass fewer --tokens"
+            f"the prompt ({len(prompt)} tokens) and {args.tokens} sampled tokens need a context "
+            f"of {needed}, within the model's {spec.n_ctx_train} (--ctx {args.ctx}); shorten "
+            "the prompt, sample fewer --tokens or change --ctx"
         )
+    save_dir = Path(args.save_dir)
+    try:
+        save_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ParityError(f"cannot use --save-dir {save_dir}: {e.strerror}") from None
     report = compare_steps(
         Path(_model_ref(args)).name.removesuffix(".gguf"),
         spec,
@@ -440,7 +435,8 @@ def compare(args: argparse.Namespace) -> int:
         reference,
         candidate,
         sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
-        case_dir=Path(args.save_dir),
+        case_dir=save_dir,
+        n_ctx=n_ctx,
         fallback=None if args.strict or names[1] == "cpu" else backend_factory(registry, "cpu"),
     )
     print(json.dumps(report.to_dict()) if args.json else report.summary())

@@ -164,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--device", type=int, help="device index of the candidate")
     p.add_argument(
+        "--ctx", type=_positive,
+        help="KV cache size (default: just what the prompt and tokens need)",
+    )  # fmt: skip
+    p.add_argument(
         "--strict", action="store_true",
         help="fail if the candidate lacks an op (default: that op falls back to cpu)",
     )  # fmt: skip

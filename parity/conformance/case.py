@@ -11,7 +11,6 @@ FILE``.
 from __future__ import annotations
 
 import json
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,10 +18,11 @@ from typing import Any
 import attrs
 import numpy as np
 
-from parity.core.dtypes import DType
+from parity.core.dtypes import DType, numpy_dtype
 from parity.core.ir import AttentionArg, Graph, Node, Op, RopeArg, SliceArg, verify
+from parity.core.tiers import packed_type
 from parity.core.weights import WeightData
-from parity.errors import GraphError, ParityError
+from parity.errors import ParityError
 
 FORMAT = "parity-case/1"
 _ARG_TYPES = {cls.__name__: cls for cls in (SliceArg, RopeArg, AttentionArg)}
@@ -41,6 +41,35 @@ class Case:
     states: Mapping[str, np.ndarray] = attrs.field(factory=dict, eq=False, repr=False)
     note: str = ""  # where the case came from (e.g. the compare run that saved it)
 
+    def __attrs_post_init__(self) -> None:
+        """Every leaf of the graph has a value of its declared type and shape (a state may be
+        left out: it starts at zero), and nothing else is given."""
+        given = {Op.INPUT: self.inputs, Op.STATE: self.states, Op.WEIGHT: self.weights}
+        for op, values in given.items():
+            leaves = {n.arg: n for n in self.graph if n.op is op}
+            unknown = sorted(set(values) - set(leaves))
+            missing = sorted(set(leaves) - set(values)) if op is not Op.STATE else []
+            if unknown or missing:
+                raise ValueError(
+                    f"case {self.id!r}: {op.name.lower()} values do not match the graph "
+                    f"(missing {missing or 'none'}, unknown {unknown or 'none'})"
+                )
+            for name, value in values.items():
+                node = leaves[name]
+                if isinstance(value, WeightData):
+                    have = f"{value.dtype.name}{list(value.shape)}"
+                    ok = (value.dtype, value.shape) == (node.dtype, node.shape)
+                else:
+                    have = f"{np.asarray(value).dtype}{list(np.shape(value))}"
+                    ok = np.shape(value) == node.shape and np.asarray(value).dtype == np.dtype(
+                        numpy_dtype(node.dtype)
+                    )
+                if not ok:
+                    raise ValueError(
+                        f"case {self.id!r}: {op.name.lower()} {name!r} is {have}, the graph "
+                        f"declares {node.dtype.name}{list(node.shape)}"
+                    )
+
     @property
     def subject(self) -> Node:
         """The node the case is about: its first output."""
@@ -48,10 +77,8 @@ class Case:
 
     @property
     def weight_type(self) -> DType | None:
-        """The type of the subject's weight operand (MATMUL, GET_ROWS), if it has one."""
-        srcs = (self.graph.nodes[s] for s in self.subject.src)
-        return next((s.dtype for s in srcs if s.op is Op.WEIGHT and s.dtype is not DType.F32),
-                    None)  # fmt: skip
+        """The type of the subject's packed weight (MATMUL, GET_ROWS), if it has one."""
+        return packed_type(self.subject, [self.graph.nodes[s] for s in self.subject.src])
 
 
 # -- graphs as JSON --------------------------------------------------------------------------
@@ -138,30 +165,30 @@ def load_case(path: str | Path) -> Case:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
         meta = json.loads(str(arrays.pop("meta")))
-        if meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        if found != FORMAT:
             raise CaseFileError(
-                f"{path} is not a parity case file (format {meta.get('format')!r}, want {FORMAT})"
+                f"{path} is not a parity case file (format {found!r}, want {FORMAT})"
             )
-        graph = graph_from_json(meta["graph"])
         weights = {
             name: WeightData(name, DType[w["dtype"]], tuple(w["shape"]), arrays[f"weight/{name}"])
             for name, w in meta["weights"].items()
         }
+        return Case(
+            str(meta["id"]),
+            graph_from_json(meta["graph"]),
+            inputs=_strip(arrays, "input/"),
+            weights=weights,
+            states=_strip(arrays, "state/"),
+            note=str(meta.get("note", "")),
+        )
     except CaseFileError:
         raise
-    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile, GraphError) as e:
+    except Exception as e:  # any damage: one line naming the file, never a traceback
         raise CaseFileError(
             f"{path} is not a readable parity case file ({type(e).__name__}: {e}); "
             "save it again with `parity compare`"
         ) from None
-    return Case(
-        meta["id"],
-        graph,
-        inputs=_strip(arrays, "input/"),
-        weights=weights,
-        states=_strip(arrays, "state/"),
-        note=meta.get("note", ""),
-    )
 
 
 def _strip(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:

@@ -28,17 +28,25 @@ import numpy as np
 
 from parity.conformance.case import Case
 from parity.core.backend import Backend, Buffer, Device, Split
-from parity.core.compare import NodeDiff, diff_arrays
+from parity.core.compare import NodeDiff, diff_arrays, jsonable
 from parity.core.dtypes import DType, numpy_dtype
-from parity.core.ir import Op
-from parity.core.tiers import Tier, backend_manifest
+from parity.core.ir import Graph, Node, Op
+from parity.core.tiers import EXACT, Tier, backend_manifest
 
 MARGIN = 64  # sentinel elements on each side of a guarded buffer or readback window
-_SENTINEL_BITS = 0x7FC0DEAD  # a quiet NaN with a payload, as float32; as int32 a large number
+# the sentinel's bytes, repeated: as float32 a quiet NaN with a payload, as int32 a large number
+_SENTINEL = np.array([0x7FC0DEAD], np.uint32).view(np.uint8)
+VERDICTS = ("unsupported", "exact", "bound", "FAIL")  # in order of severity
 
 
 def _sentinel(dtype: str, n: int) -> np.ndarray:
-    return np.full(n, _SENTINEL_BITS, np.uint32).view(np.dtype(dtype))
+    """``n`` elements of ``dtype`` made of the sentinel's bytes (any element size)."""
+    dtype = np.dtype(dtype)
+    return np.resize(_SENTINEL, n * dtype.itemsize).view(dtype)
+
+
+def _is_sentinel(values: np.ndarray) -> bool:
+    return values.tobytes() == _sentinel(values.dtype, values.size).tobytes()
 
 
 @attrs.frozen
@@ -77,14 +85,24 @@ class CaseResult:
     def explain(self) -> str:
         """Why the case failed (or was skipped), one finding per line."""
         lines = list(self.problems)
-        for d in self.diffs:
-            if not d.identical:
-                lines.append(
-                    f"%{d.node} {d.op}{list(d.shape)}: {d.n_diff}/{d.n_elements} elements differ "
-                    f"from the oracle, max ULP {d.max_ulp:g}, NMSE {d.nmse:.3g} "
-                    f"(declared tier: {self.tier})"
-                )
+        lines += [f"{d.describe()} (declared tier: {self.tier})" for d in self.diffs
+                  if not d.identical]  # fmt: skip
         return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return jsonable(
+            {
+                "case": self.case,
+                "op": self.op,
+                "type": self.type,
+                "declared": str(self.tier),
+                "result": self.verdict,
+                "max_ulp": self.max_ulp,
+                "worst_nmse": self.nmse,
+                "problems": list(self.problems),
+                "guarded": self.guarded,
+            }
+        )
 
 
 class _GuardedAlloc:
@@ -119,9 +137,8 @@ class _GuardedAlloc:
         for padded, np_dtype, n in self.buffers:
             host = np.empty(n + 2 * MARGIN, np_dtype)
             self.backend.download(padded, host)
-            want = _sentinel(np_dtype, MARGIN).view(np.uint8)
             for side, margin in (("before", host[:MARGIN]), ("after", host[-MARGIN:])):
-                if margin.view(np.uint8).tobytes() != want.tobytes():
+                if not _is_sentinel(margin):
                     problems.append(
                         f"wrote {side} the end of a {np_dtype}[{n}] buffer it allocated "
                         "(out-of-bounds write)"
@@ -129,16 +146,16 @@ class _GuardedAlloc:
         return problems
 
 
-def _download(backend: Backend, buf: Buffer, dtype: DType, shape: tuple[int, ...]):
-    """Read a buffer into a host window flanked by sentinels; returns (array, problem or "")."""
-    np_dtype = numpy_dtype(dtype)
-    n = math.prod(shape)
+def _download(backend: Backend, buf: Buffer, node: Node, problems: list[str]) -> np.ndarray:
+    """Read a node's buffer through a host window flanked by sentinels, which must survive."""
+    np_dtype = numpy_dtype(node.dtype)
+    n = math.prod(node.shape)
     host = _sentinel(np_dtype, n + 2 * MARGIN).copy()
-    window = host[MARGIN : MARGIN + n].reshape(shape)
+    window = host[MARGIN : MARGIN + n].reshape(node.shape)
     backend.download(buf, window)
-    flanks = np.concatenate([host[:MARGIN], host[-MARGIN:]]).view(np.uint32)
-    problem = "" if (flanks == _SENTINEL_BITS).all() else "download wrote outside its host array"
-    return window.copy(), problem
+    if not (_is_sentinel(host[:MARGIN]) and _is_sentinel(host[-MARGIN:])):
+        problems.append("download wrote outside its host array")
+    return window.copy()
 
 
 def execute(backend: Backend, case: Case, *, guard: bool = True) -> Execution:
@@ -160,20 +177,21 @@ def execute(backend: Backend, case: Case, *, guard: bool = True) -> Execution:
             node = nodes[s]
             if node.op is Op.WEIGHT:
                 continue
-            values = case.inputs if node.op is Op.INPUT else case.states
-            host = np.ascontiguousarray(values.get(node.arg, np.zeros(node.shape)),
-                                        numpy_dtype(node.dtype))  # fmt: skip
+            if node.op is Op.INPUT:
+                host = np.ascontiguousarray(case.inputs[node.arg])
+            else:  # a state the case does not fill starts at zero, as a runtime's does
+                host = np.asarray(case.states.get(node.arg, np.zeros(node.shape, np.float32)))
             bound[s] = backend.alloc(node.dtype, node.shape)
             backend.upload(bound[s], host)
             uploaded[s] = host
         exe = backend.prepare(split)
         first = _read(backend, graph, computed, backend.execute(exe, bound), problems)
-        states = {nodes[s].arg: _read_leaf(backend, nodes[s], bound[s], problems)
+        states = {nodes[s].arg: _download(backend, bound[s], nodes[s], problems)
                   for s in leaves if nodes[s].op is Op.STATE}  # fmt: skip
         for s, host in uploaded.items():
             node = nodes[s]
             if node.op is Op.INPUT:
-                after = _read_leaf(backend, node, bound[s], problems)
+                after = _download(backend, bound[s], node, problems)
                 if after.tobytes() != host.tobytes():
                     problems.append(f"wrote into its input {node.arg!r} (%{s}), which is read-only")
         again = _read(backend, graph, computed, backend.execute(exe, bound), problems)
@@ -193,25 +211,18 @@ def execute(backend: Backend, case: Case, *, guard: bool = True) -> Execution:
     return Execution(first, states, tuple(dict.fromkeys(problems)), guard and alloc.works)
 
 
-def _read(backend, graph, ids: Sequence[int], buffers: Mapping[int, Buffer], problems: list):
+def _read(
+    backend: Backend,
+    graph: Graph,
+    ids: Sequence[int],
+    buffers: Mapping[int, Buffer],
+    problems: list[str],
+) -> dict[int, np.ndarray]:
     backend.synchronize()
     missing = [i for i in ids if i not in buffers]
     if missing:
-        raise AssertionError(f"execute returned no buffer for node(s) {missing}")
-    out = {}
-    for i in ids:
-        node = graph.nodes[i]
-        out[i], problem = _download(backend, buffers[i], node.dtype, node.shape)
-        if problem:
-            problems.append(problem)
-    return out
-
-
-def _read_leaf(backend, node, buf, problems: list) -> np.ndarray:
-    value, problem = _download(backend, buf, node.dtype, node.shape)
-    if problem:
-        problems.append(problem)
-    return value
+        raise ValueError(f"execute returned no buffer for node(s) {missing}")
+    return {i: _download(backend, buffers[i], graph.nodes[i], problems) for i in ids}
 
 
 def _same(first: Mapping[int, np.ndarray], other: Mapping[int, np.ndarray], what: str,
@@ -229,43 +240,39 @@ def oracle(case: Case) -> Execution:
     return execute(CpuBackend(Device("cpu")), case, guard=False)
 
 
-_RANK = {"exact": 0, "bound": 1, "FAIL": 2}
-
-
-def judge(
-    backend_factory: Callable[[], Backend],
-    case: Case,
-    reference: Execution | None = None,
-) -> CaseResult:
+def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
     """Run ``case`` on a fresh backend from ``backend_factory`` and judge every node against
-    the oracle (or ``reference``) under the tiers the backend declares."""
+    the cpu oracle under the tiers the backend declares. Whatever the backend raises, from its
+    constructor on, is a finding (FAIL), not an error of the kit."""
     graph = case.graph
     srcs_of = [[graph.nodes[s] for s in n.src] for n in graph.nodes]
     op_name = case.subject.op.name
     type_name = (case.weight_type or case.subject.dtype).name
-    backend = backend_factory()
-    manifest = backend_manifest(backend.__class__)
     subject = graph.outputs[0]
-    tier = manifest.tier_of(graph.nodes[subject], srcs_of[subject])
+    tier = EXACT
 
     def result(verdict: str, diffs=(), problems=(), guarded=False) -> CaseResult:
         return CaseResult(case.id, op_name, type_name, tier, verdict, tuple(diffs),
                           tuple(problems), guarded)  # fmt: skip
 
+    backend = None
     try:
+        backend = backend_factory()
+        manifest = backend_manifest(type(backend))
+        tier = manifest.tier_of(graph.nodes[subject], srcs_of[subject])
         for i, node in enumerate(graph.nodes):
             if not node.op.is_leaf and not backend.supports_op(node, srcs_of[i]):
                 return result("unsupported", problems=[backend.why_unsupported(node, srcs_of[i])])
-        reference = reference or oracle(case)
-        try:
-            got = execute(backend, case)
-        except Exception as e:  # a crash is a finding, not the end of the run
-            where = traceback.extract_tb(e.__traceback__)[-1]
-            return result("FAIL", problems=[
-                f"raised {type(e).__name__}: {e} (at {where.filename}:{where.lineno})"
-            ])  # fmt: skip
+        got = execute(backend, case)
+    except Exception as e:  # a crash is a finding, not the end of the run
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        return result("FAIL", problems=[
+            f"raised {type(e).__name__}: {e} (at {where.filename}:{where.lineno})"
+        ])  # fmt: skip
     finally:
-        backend.close()
+        if backend is not None:
+            backend.close()
+    reference = oracle(case)
     problems = list(got.problems)
     for name, want in reference.states.items():
         differ = got.states[name].view(np.uint32) != want.view(np.uint32)
@@ -278,5 +285,5 @@ def judge(
         d = diff_arrays(i, graph.nodes[i].op.name, want, got.outputs[i])
         diffs.append(d)
         node_verdict = manifest.tier_of(graph.nodes[i], srcs_of[i]).verdict(d)
-        verdict = max(verdict, node_verdict, key=_RANK.__getitem__)
+        verdict = max(verdict, node_verdict, key=VERDICTS.index)
     return result(verdict, diffs, problems, got.guarded)

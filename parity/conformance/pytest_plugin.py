@@ -10,8 +10,13 @@ which. Nothing happens without ``--parity-backend``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from parity.conformance.case import Case
+    from parity.core.backend import Backend
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,39 +47,27 @@ class ConformanceFailure(AssertionError):
 
 
 class ConformanceSuite(pytest.Collector):
-    """The suite for one backend: one item per case."""
+    """The suite for one backend: one item per case. ``factory`` makes backend instances;
+    None when the backend cannot run here, and then ``unusable`` says why."""
 
-    def __init__(self, *, backend: str, case_files: list[str], **kwargs) -> None:
+    def __init__(
+        self,
+        *,
+        factory: Callable[[], Backend] | None,
+        unusable: str,
+        cases: list[Case],
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
-        self.backend = backend
-        self.case_files = case_files
-        self._factory: Callable | None = None
-        self._unusable = ""
-
-    def factory(self) -> Callable:
-        """The backend maker, made once; skips every case when the backend cannot run here."""
-        if self._factory is None and not self._unusable:
-            from parity.conformance.report import backend_factory
-            from parity.core.plugins import load_backends
-            from parity.errors import PluginError
-
-            try:
-                device = self.config.getoption("parity_device")
-                self._factory = backend_factory(load_backends(), self.backend, device)
-            except PluginError as e:
-                self._unusable = str(e)
-        if self._unusable:
-            pytest.skip(self._unusable)
-        assert self._factory is not None
-        return self._factory
+        self.factory = factory
+        self.unusable = unusable
+        self.cases = cases
 
     def collect(self) -> list[pytest.Item]:
-        from parity.conformance.case import load_case
         from parity.conformance.suite import op_suite
 
         items = [CaseItem.from_parent(self, name=s.id, build=s.build) for s in op_suite()]
-        for path in self.case_files:
-            case = load_case(path)
+        for case in self.cases:
             items.append(
                 CaseItem.from_parent(self, name=f"replay-{case.id}", build=lambda c=case: c)
             )
@@ -82,27 +75,30 @@ class ConformanceSuite(pytest.Collector):
 
 
 class CaseItem(pytest.Item):
-    def __init__(self, *, build: Callable, **kwargs) -> None:
+    def __init__(self, *, build: Callable[[], Case], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.build = build
 
     def runtest(self) -> None:
         from parity.conformance.harness import judge
 
-        assert isinstance(self.parent, ConformanceSuite)
-        result = judge(self.parent.factory(), self.build())
+        suite = self.parent
+        assert isinstance(suite, ConformanceSuite)
+        if suite.factory is None:
+            pytest.skip(suite.unusable)
+        result = judge(suite.factory, self.build())
         if result.verdict == "unsupported":
-            pytest.skip(f"{self.parent.backend} does not support it: {result.explain()}")
+            pytest.skip(f"unsupported: {result.explain()}")
         self.user_properties.append(("verdict", result.verdict))
         if result.failed:
             raise ConformanceFailure(result.explain())
 
-    def repr_failure(self, excinfo, style=None):
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> str:
         if isinstance(excinfo.value, ConformanceFailure):
             return excinfo.value.explanation
-        return super().repr_failure(excinfo, style=style)
+        return str(super().repr_failure(excinfo, style=style))
 
-    def reportinfo(self):
+    def reportinfo(self) -> tuple[Any, int | None, str]:
         return self.path, None, f"{self.parent.name}::{self.name}"
 
 
@@ -110,22 +106,32 @@ class CaseItem(pytest.Item):
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    backends = config.getoption("parity_backend")
+    backends = list(dict.fromkeys(config.getoption("parity_backend")))
     case_files = config.getoption("parity_case")
     if case_files and not backends:
         raise pytest.UsageError("--parity-case needs --parity-backend NAME: the backend to run on")
-    if backends:
-        from parity.core.plugins import load_backends
-        from parity.errors import PluginError
+    if not backends:
+        return
+    from parity.conformance.case import load_case
+    from parity.conformance.report import BackendUnavailable, backend_factory
+    from parity.core.plugins import load_backends
+    from parity.errors import ParityError
 
-        registry = load_backends()
-        for name in backends:
-            try:
-                registry.get(name)
-            except PluginError as e:
-                raise pytest.UsageError(f"--parity-backend: {e}") from None
-    for name in dict.fromkeys(backends):
+    registry = load_backends()
+    try:
+        cases = [load_case(path) for path in case_files]
+    except ParityError as e:
+        raise pytest.UsageError(f"--parity-case: {e}") from None
+    for name in backends:
+        factory, unusable = None, ""
+        try:
+            factory = backend_factory(registry, name, config.getoption("parity_device"))
+        except BackendUnavailable as e:  # no GPU here: skip, so CI without one stays green
+            unusable = str(e)
+        except ParityError as e:  # not installed, broken, no such device: the command is wrong
+            raise pytest.UsageError(f"--parity-backend {name}: {e}") from None
         suite = ConformanceSuite.from_parent(
-            session, name=f"parity-conformance[{name}]", backend=name, case_files=case_files
-        )
+            session, name=f"parity-conformance[{name}]", factory=factory, unusable=unusable,
+            cases=cases,
+        )  # fmt: skip
         items.extend(suite.collect())

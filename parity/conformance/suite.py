@@ -80,8 +80,8 @@ class _Builder:
         self.states[name] = value
         return self.b.state(name, value.shape)
 
-    def op(self, op: Op, *srcs: Ref, arg=None) -> Ref:
-        return self.b.op(op, *srcs, arg=arg)
+    def op(self, op: Op, *srcs: Ref, arg: object = None) -> Ref:
+        return self.b.op(op, *srcs, arg=arg)  # (so a case reads g.op(...) like a graph)
 
 
 def _spec(id: str, op: Op, type: DType, make: Callable[[_Builder], Ref], seed: int = 0) -> CaseSpec:

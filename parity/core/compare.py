@@ -8,6 +8,7 @@ which is where a kernel bug shows itself before its error spreads.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 
 import attrs
@@ -25,13 +26,14 @@ def _ordered(bits: np.ndarray) -> np.ndarray:
 
 
 def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Elementwise ULP distance of two float32 arrays; NaN vs NaN is 0, NaN vs number is inf."""
+    """Elementwise ULP distance of two float32 arrays. NaN vs NaN is 0; NaN or an infinity
+    against anything else is inf, so a bound on ULPs never admits a misplaced special value."""
     a = np.ascontiguousarray(a, dtype=np.float32)
     b = np.ascontiguousarray(b, dtype=np.float32)
     d = np.abs(_ordered(a.view(np.int32)) - _ordered(b.view(np.int32))).astype(np.float64)
     na, nb = np.isnan(a), np.isnan(b)
     d[na & nb] = 0
-    d[na ^ nb] = np.inf
+    d[(na ^ nb) | ((np.isinf(a) | np.isinf(b)) & (a != b))] = np.inf
     return d
 
 
@@ -42,12 +44,18 @@ class NodeDiff:
     shape: tuple[int, ...]
     n_elements: int
     n_diff: int  # elements whose bits differ (-0.0 != +0.0; any NaN == any NaN)
-    max_ulp: float  # inf when one side is NaN; 0 for integer outputs that agree
+    max_ulp: float  # inf where a NaN or inf is misplaced, or integer outputs (ids) differ
     nmse: float  # sum((a-b)^2) / sum(a^2), in float64; 0 when identical
 
     @property
     def identical(self) -> bool:
         return self.n_diff == 0
+
+    def describe(self) -> str:
+        return (
+            f"%{self.node} {self.op}{list(self.shape)}: {self.n_diff}/{self.n_elements} elements "
+            f"differ, max ULP {self.max_ulp:g}, NMSE {self.nmse:.3g}"
+        )
 
 
 def diff_arrays(node: int, op: str, a: np.ndarray, b: np.ndarray) -> NodeDiff:
@@ -67,7 +75,7 @@ def diff_arrays(node: int, op: str, a: np.ndarray, b: np.ndarray) -> NodeDiff:
         nmse = num / den if den > 0 else (0.0 if num == 0 else float("inf"))
     else:
         n_diff = int(np.count_nonzero(a != b))
-        max_ulp, nmse = 0.0, 0.0 if n_diff == 0 else 1.0
+        max_ulp, nmse = (0.0, 0.0) if n_diff == 0 else (float("inf"), 1.0)
     return NodeDiff(node, op, tuple(a.shape), int(a.size), n_diff, max_ulp, nmse)
 
 
@@ -98,13 +106,7 @@ class CompareReport:
             f"worst NMSE {worst_nmse:.3g}"
         )
         first = self.first_divergent
-        if first is None:
-            return head
-        return (
-            f"{head}\nfirst divergent node: %{first.node} {first.op} {list(first.shape)}: "
-            f"{first.n_diff}/{first.n_elements} elements differ, max ULP {first.max_ulp:g}, "
-            f"NMSE {first.nmse:.3g}"
-        )
+        return head if first is None else f"{head}\nfirst divergent node: {first.describe()}"
 
     def to_dict(self) -> dict:
         first = self.first_divergent
@@ -117,7 +119,18 @@ class CompareReport:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict())
+        return json.dumps(jsonable(self.to_dict()))
+
+
+def jsonable(value):
+    """``value`` with every non-finite float as a string ("inf", "nan"): strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return value
 
 
 def compare_runtimes(

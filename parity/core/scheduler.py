@@ -24,6 +24,7 @@ import attrs
 
 from parity.core.backend import Backend, Split
 from parity.core.ir import Graph, Node, Op
+from parity.core.tiers import backend_manifest
 from parity.errors import GraphError, SchedulingError
 
 HOST = "host"  # where INPUT leaves start
@@ -119,6 +120,8 @@ def _accepts(b: Backend, node: Node, srcs: list[Node]) -> tuple[str | None, str]
     if not b.supports_op(node, srcs):
         return None, b.why_unsupported(node, srcs)
     mode = b.op_numerics(node, srcs)
+    if not backend_manifest(type(b)).tier_of(node, srcs).exact:
+        mode = "fast"  # a declared bound is fast numerics, whatever op_numerics says
     if mode != "exact" and b.numerics == "exact":
         return None, f"{b.name} computes {node.op.name} only in {mode} numerics"
     return mode, ""

@@ -8,7 +8,9 @@ error over the finite elements), or both joined by a comma (both must hold).
 
 Keys, most specific first: ``OP:TYPE`` (an op on one weight type, e.g. ``MATMUL:Q4_K``; the type
 of the node's WEIGHT source), ``OP`` (``MATMUL``), ``*`` (every other op). A manifest without
-``*`` leaves unlisted ops exact. Examples::
+``*`` leaves unlisted ops exact. No declaration may be looser than the op's budget
+(``BUDGETS``, docs/numerics.md): such an entry is refused, except under ``*``, which then
+applies only to the ops whose budget it fits (the others stay exact). Examples::
 
     manifest = {"*": "exact"}                                   # the default
     manifest = {"*": "exact", "MATMUL": "nmse<=1e-5", "SILU": "ulp<=8"}
@@ -53,10 +55,29 @@ class Tier:
             return "exact"
         parts = []
         if self.max_ulp is not None:
-            parts.append(f"ulp<={self.max_ulp:g}")
+            parts.append(f"ulp<={_number(self.max_ulp)}")
         if self.max_nmse is not None:
-            parts.append(f"nmse<={self.max_nmse:g}")
+            parts.append(f"nmse<={_number(self.max_nmse)}")
         return ",".join(parts)
+
+    def within(self, budget: Tier) -> bool:
+        """Is this tier at least as strict as ``budget``? A ULP bound also bounds the NMSE:
+        every element is then within ``max_ulp`` units of 2^-23 of its own magnitude."""
+        if self.exact:
+            return True
+        if budget.exact:
+            return False
+        ulp_ok = (
+            self.max_ulp is not None
+            and budget.max_ulp is not None
+            and (self.max_ulp <= budget.max_ulp)
+        )
+        nmse = self.max_nmse
+        if self.max_ulp is not None:
+            implied = (2 * self.max_ulp * 2.0**-23) ** 2
+            nmse = implied if nmse is None else min(nmse, implied)
+        nmse_ok = nmse is not None and budget.max_nmse is not None and nmse <= budget.max_nmse
+        return ulp_ok or nmse_ok
 
     @classmethod
     def parse(cls, text: str | Tier) -> Tier:
@@ -77,7 +98,7 @@ class Tier:
             try:
                 bound = float(value)
             except ValueError:
-                bound = math.nan
+                raise ValueError(f"bad tier {text!r}: {value.strip()!r} is not a number") from None
             if not (bound >= 0 and math.isfinite(bound)):
                 raise ValueError(f"bad tier {text!r}: {name} needs a finite bound >= 0")
             bounds[name] = bound
@@ -93,7 +114,7 @@ class Tier:
             return False
         if self.max_nmse is not None and not diff.nmse <= self.max_nmse:
             return False
-        return math.isfinite(diff.max_ulp)  # infinite only where NaN meets a number
+        return math.isfinite(diff.max_ulp)  # infinite where a special value or an id differs
 
     def verdict(self, diff: NodeDiff) -> str:
         """``exact``, ``bound`` (not identical but within this tier) or ``FAIL``."""
@@ -103,6 +124,35 @@ class Tier:
 
 
 EXACT = Tier()
+
+# the most a backend may declare per op: docs/numerics.md, "fast numerics budgets"
+BUDGETS: dict[Op, Tier] = {
+    Op.GET_ROWS: EXACT,  # data movement and exact selection
+    Op.SLICE_ROWS: EXACT,
+    Op.KV_WRITE: EXACT,
+    Op.ARGMAX: EXACT,
+    Op.ADD: Tier(max_ulp=1),
+    Op.MUL: Tier(max_ulp=1),
+    Op.ROPE: Tier(max_ulp=2),
+    Op.SILU: Tier(max_ulp=8),
+    Op.SWIGLU: Tier(max_ulp=8),
+    Op.RMS_NORM: Tier(max_ulp=4),
+    Op.MATMUL: Tier(max_nmse=1e-5),
+    Op.ATTENTION: Tier(max_nmse=1e-5),
+}
+
+
+def _number(x: float) -> str:
+    short = f"{x:g}"
+    return short if float(short) == x else repr(x)
+
+
+def packed_type(node: Node, srcs: Sequence[Node]) -> DType | None:
+    """The type of a node's packed weight operand (MATMUL's matrix, GET_ROWS's table)."""
+    at = {Op.MATMUL: 1, Op.GET_ROWS: 0}.get(node.op)
+    if at is None or srcs[at].op is not Op.WEIGHT:
+        return None
+    return srcs[at].dtype
 
 
 @attrs.frozen
@@ -122,7 +172,14 @@ class Manifest:
             raise ValueError(f"a manifest maps op keys to tiers, not {type(declared).__name__}")
         tiers = {}
         for key, value in declared.items():
-            tiers[_check_key(key)] = Tier.parse(value)
+            tier = tiers[_check_key(key)] = Tier.parse(value)
+            ops = [op for op in BUDGETS if key in (ANY, op.name) or key.startswith(f"{op.name}:")]
+            over = [op.name for op in ops if not tier.within(BUDGETS[op])]
+            if over and key != ANY:
+                raise ValueError(
+                    f"{key!r}: {tier} is looser than the budget of {over[0]} "
+                    f"({BUDGETS[Op[over[0]]]}; docs/numerics.md)"
+                )
         return cls(tiers)
 
     def tier(self, op: Op, weight_type: DType | None = None) -> Tier:
@@ -133,10 +190,10 @@ class Manifest:
         return self.tiers.get(op.name) or self.tiers.get(ANY) or EXACT
 
     def tier_of(self, node: Node, srcs: Sequence[Node]) -> Tier:
-        """The tier of one graph node: its op, on the type of its WEIGHT source if it has one."""
-        weight = next((s.dtype for s in srcs if s.op is Op.WEIGHT and s.dtype is not DType.F32),
-                      None)  # fmt: skip
-        return self.tier(node.op, weight)
+        """The tier of one graph node: its op, on the type of its packed weight if it has one.
+        A ``*`` entry never loosens an op past its budget: there the op stays exact."""
+        tier = self.tier(node.op, packed_type(node, srcs))
+        return tier if tier.within(BUDGETS[node.op]) else EXACT
 
     @property
     def all_exact(self) -> bool:
