@@ -1,0 +1,194 @@
+"""Every op of the numeric contract in jax, transcribing parity.backends.cpu.ops line by line.
+
+Values are carriers (``binary32``: each fl() of the contract is one ``add``/``sub``/``mul``/
+``div``/``sqrt``), except the KV caches, which stay float32 arrays (``kv_write`` writes rows
+into them; ``attention`` widens the rows it reads), and ids, positions and ARGMAX results,
+which are int32. Weight operands of GET_ROWS and MATMUL arrive as a ``DeviceWeight``; every
+other weight (norms, biases, RoPE tables) as its carrier array. Position and id values are
+valid: the host checks them before a graph runs (docs/numerics.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from parity.core.dtypes import DType
+from parity.core.ir import AttentionArg, Op, RopeArg, SliceArg
+from parity_jax import quant
+from parity_jax.binary32 import add, div, exp, mul, narrow, sqrt, sub, tree_sum, widen
+
+CHUNK = 256  # attention reduces positions in chunks of this many slots, aligned at position 0
+
+
+@jax.tree_util.register_pytree_node_class
+@attrs.frozen(eq=False)
+class DeviceWeight:
+    """A weight operand inside a traced program: its type (static) and its device form
+    (``quant``), a pytree so kernels can be jitted on their own."""
+
+    dtype: DType
+    arrays: quant.Weight
+
+    def tree_flatten(self) -> tuple[tuple[quant.Weight], DType]:
+        return (self.arrays,), self.dtype
+
+    @classmethod
+    def tree_unflatten(cls, dtype: DType, children: tuple[quant.Weight]) -> DeviceWeight:
+        return cls(dtype, children[0])
+
+
+def get_rows(w: DeviceWeight, ids: jax.Array, arg: None) -> jax.Array:
+    return quant.get_rows(w.arrays, w.dtype, ids)
+
+
+def slice_rows(x: jax.Array, arg: SliceArg) -> jax.Array:
+    return x[arg.start : arg.start + arg.count]
+
+
+def add_op(a: jax.Array, b: jax.Array, arg: None) -> jax.Array:
+    return add(a, b)  # b is a's shape or a row vector
+
+
+def mul_op(a: jax.Array, b: jax.Array, arg: None) -> jax.Array:
+    return mul(a, b)
+
+
+def silu(x: jax.Array, arg: None = None) -> jax.Array:
+    """fl(x / fl(1 + exp(-x)))."""
+    return div(x, add(1.0, exp(-x)))
+
+
+def swiglu(gate: jax.Array, up: jax.Array, arg: None) -> jax.Array:
+    return mul(silu(gate), up)
+
+
+def rms_norm(x: jax.Array, arg: float) -> jax.Array:
+    """x * fl(1 / fl(sqrt(fl(fl(tree_sum(x * x) / width) + eps)))), per row."""
+    ss = tree_sum(mul(x, x), axis=1)  # (n_tokens,)
+    mean = div(ss, float(x.shape[1]))
+    scale = div(1.0, sqrt(add(mean, arg)))
+    return mul(x, scale[:, None])
+
+
+def matmul(x: jax.Array, w: DeviceWeight, bias: jax.Array | None = None, *, arg: None) -> jax.Array:
+    y = quant.matmul(x, w.arrays, w.dtype)  # (n_tokens, n_out)
+    return y if bias is None else add(y, bias)
+
+
+def rope(
+    x: jax.Array, positions: jax.Array, cos: jax.Array, sin: jax.Array, arg: RopeArg
+) -> jax.Array:
+    """x0' = fl(fl(x0 c) - fl(x1 s)), x1' = fl(fl(x0 s) + fl(x1 c)) on the first n_rot dims of
+    each head; pairs (2i, 2i+1) in mode "normal", (i, i + n_rot/2) in mode "neox"."""
+    t, n_rot, half = x.shape[0], arg.n_rot, arg.n_rot // 2
+    xh = x.reshape(t, arg.n_head, arg.head_dim)  # (n_tokens, n_head, head_dim)
+    c = cos[positions][:, None, :]  # (n_tokens, 1, n_rot // 2)
+    s = sin[positions][:, None, :]
+    if arg.mode == "normal":
+        x0, x1 = xh[..., 0:n_rot:2], xh[..., 1:n_rot:2]
+    else:
+        x0, x1 = xh[..., :half], xh[..., half:n_rot]
+    y0 = sub(mul(x0, c), mul(x1, s))
+    y1 = add(mul(x0, s), mul(x1, c))
+    if arg.mode == "normal":
+        rotated = jnp.stack([y0, y1], axis=-1).reshape(t, arg.n_head, n_rot)
+    else:
+        rotated = jnp.concatenate([y0, y1], axis=-1)
+    return jnp.concatenate([rotated, xh[..., n_rot:]], axis=-1).reshape(x.shape)
+
+
+def kv_write(cache: jax.Array, rows: jax.Array, positions: jax.Array, arg: None) -> jax.Array:
+    """The float32 cache with rows[t] at positions[t] (distinct, in range)."""
+    return cache.at[positions].set(narrow(rows), unique_indices=True)
+
+
+def attention(
+    q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, positions: jax.Array, arg: AttentionArg
+) -> jax.Array:
+    """Causal attention of each token over cache rows 0..positions[t], by the contract: scores
+    and their max in a first pass, then 256-slot chunk trees folded left to right."""
+    pad = -k_cache.shape[0] % CHUNK  # whole chunks, so every chunk is one dynamic slice
+    if pad:
+        k_cache, v_cache = (jnp.pad(c, ((0, pad), (0, 0))) for c in (k_cache, v_cache))
+    # per token: one chunk's products, and the scores of every slot
+    per_token = arg.n_head * max(CHUNK * arg.head_dim, k_cache.shape[0])
+    block = max(1, quant.TEMP_ELEMENTS // per_token)
+
+    def run(qb: jax.Array, pb: jax.Array) -> jax.Array:
+        return _attention_block(qb, pb, k_cache, v_cache, arg)
+
+    return quant.map_rows(run, q, positions, block=block)
+
+
+def _attention_block(
+    q: jax.Array, pos: jax.Array, k_cache: jax.Array, v_cache: jax.Array, arg: AttentionArg
+) -> jax.Array:
+    """Attention for tokens ``pos`` (any order) over whole-chunk float32 caches."""
+    t, g, d = q.shape[0], arg.n_head_kv, arg.head_dim
+    rep = arg.n_head // g  # query heads per kv head: head h reads kv head h // rep
+    qd = q.reshape(t, g, rep, d).transpose(3, 0, 1, 2)[..., None]  # (d, t, g, rep, 1)
+    n_chunks = pos // CHUNK + 1  # chunks holding a position <= p, per token
+    stop = jnp.max(n_chunks)
+
+    def rows(cache: jax.Array, c: jax.Array) -> jax.Array:  # (CHUNK, g, d)
+        return widen(lax.dynamic_slice_in_dim(cache, c * CHUNK, CHUNK)).reshape(CHUNK, g, d)
+
+    def seen(c: jax.Array) -> jax.Array:  # (t, 1, 1, CHUNK): slot j holds row j; t sees j <= p
+        return (c * CHUNK + jnp.arange(CHUNK)[None, :] <= pos[:, None])[:, None, None, :]
+
+    def pass_scores(c: jax.Array, acc: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        """Chunk c's scores fl(tree_sum_d(fl(q_d k_d)) * scale), kept, and the running max."""
+        scores, m = acc
+        k = rows(k_cache, c).transpose(2, 1, 0)[:, None, :, None, :]  # (d, 1, g, 1, CHUNK)
+        s = mul(tree_sum(mul(qd, k), axis=0), arg.scale)  # (t, g, rep, CHUNK)
+        m = jnp.maximum(m, jnp.max(jnp.where(seen(c), s, -jnp.inf), axis=-1))  # exact; NaN wins
+        return lax.dynamic_update_slice_in_dim(scores, s, c * CHUNK, axis=3), m
+
+    slots = k_cache.shape[0]
+    start = jnp.zeros((t, g, rep, slots)), jnp.full((t, g, rep), -jnp.inf)
+    scores, m = lax.fori_loop(0, stop, pass_scores, start)
+
+    def pass_sums(c: jax.Array, acc: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        """Chunk c's numerator and denominator trees, folded left to right into acc."""
+        s = lax.dynamic_slice_in_dim(scores, c * CHUNK, CHUNK, axis=3)
+        e = jnp.where(seen(c), exp(sub(s, m[..., None])), 0.0)  # unseen slots are +0.0 literally
+        e = e.transpose(3, 0, 1, 2)  # (CHUNK, t, g, rep)
+        v = rows(v_cache, c)[:, None, :, None, :]  # (CHUNK, 1, g, 1, d)
+        p = jnp.where(seen(c).transpose(3, 0, 1, 2)[..., None], mul(e[..., None], v), 0.0)
+        num_c, den_c = tree_sum(p, axis=0), tree_sum(e, axis=0)  # 256 leaves each
+        live = (c < n_chunks)[:, None, None]  # fold exactly this token's nc chunks
+        num, den = acc
+        num = jnp.where(live[..., None], jnp.where(c == 0, num_c, add(num, num_c)), num)
+        den = jnp.where(live, jnp.where(c == 0, den_c, add(den, den_c)), den)
+        return num, den
+
+    zeros = jnp.zeros((t, g, rep, d)), jnp.zeros((t, g, rep))
+    num, den = lax.fori_loop(0, stop, pass_sums, zeros)
+    return div(num, den[..., None]).reshape(t, arg.n_head * d)  # fl(num / den)
+
+
+def argmax(x: jax.Array, arg: None) -> jax.Array:
+    """First index of the row maximum; NaN beats every number (numpy's argmax)."""
+    return jnp.argmax(x, axis=1).astype(jnp.int32)
+
+
+# op -> f(*sources, arg=node.arg)
+KERNELS: dict[Op, Callable[..., jax.Array]] = {
+    Op.GET_ROWS: get_rows,
+    Op.SLICE_ROWS: slice_rows,
+    Op.ADD: add_op,
+    Op.MUL: mul_op,
+    Op.SILU: silu,
+    Op.SWIGLU: swiglu,
+    Op.RMS_NORM: rms_norm,
+    Op.MATMUL: matmul,
+    Op.ROPE: rope,
+    Op.KV_WRITE: kv_write,
+    Op.ATTENTION: attention,
+    Op.ARGMAX: argmax,
+}
