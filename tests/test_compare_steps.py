@@ -88,6 +88,7 @@ def test_compare_command(sloppy_plugin, tmp_path, capsys, monkeypatch):
     assert main(["compare", "-m", str(path), "--backends", "cpu,cpu", "-n", "3"]) == 0
     out = capsys.readouterr().out
     assert "cpu vs cpu on" in out and "sampled tokens agree: 3/3" in out
+    assert not (tmp_path / "parity-cases").exists()  # made only to hold a case
     assert main(["compare", "-m", str(path), "--backends", "cpu,sloppy", "-n", "2", "--json"]) == 3
     captured = capsys.readouterr()
     report = json.loads(captured.out)
@@ -96,6 +97,10 @@ def test_compare_command(sloppy_plugin, tmp_path, capsys, monkeypatch):
     assert saved.startswith("parity-cases/") and (tmp_path / saved).is_file()
     assert f"parity conformance sloppy --case {saved}" in captured.err
     assert main(["conformance", "sloppy", "--case", saved]) == 3
+    (tmp_path / "file").write_text("")
+    argv = ["compare", "-m", str(path), "--backends", "cpu,cpu", "--save-dir", "file/cases"]
+    assert main(argv) == 1
+    assert "cannot save cases under --save-dir file/cases" in capsys.readouterr().err
     assert main(["compare", "-m", str(path), "--backends", "cpu"]) == 1
     assert "--backends takes two names" in capsys.readouterr().err
     assert main(["compare", "-m", str(path), "--backends", "cpu,nosuch"]) == 1

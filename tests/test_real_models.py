@@ -45,3 +45,15 @@ def test_smollm2_chat_stops_at_end_of_turn(smollm2):
 def test_qwen_writes_python(qwen):
     gen = qwen.generate("def fibonacci(n):", max_tokens=8, temperature=0).complete()
     assert gen.text.startswith("\n    if n <")
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+def test_jax_plugin_matches_the_oracle_node_for_node(real_model, model, capsys):
+    """The worked-example plugin on a real model: `parity compare --backends cpu,jax`."""
+    pytest.importorskip("parity_jax")
+    from parity.cli.main import main
+
+    path = str(real_model(model))
+    assert main(["compare", "-m", path, "--backends", "cpu,jax", "-n", "4", "--strict"]) == 0
+    out = capsys.readouterr().out
+    assert "100.00% bit-identical" in out and "sampled tokens agree: 4/4" in out

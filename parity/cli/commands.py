@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
@@ -422,10 +423,11 @@ def compare(args: argparse.Namespace) -> int:
             "the prompt, sample fewer --tokens or change --ctx"
         )
     save_dir = Path(args.save_dir)
-    try:
-        save_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ParityError(f"cannot use --save-dir {save_dir}: {e.strerror}") from None
+    # made only when there is a case to save, but checked now, before minutes of work
+    existing = next(p for p in (save_dir.absolute(), *save_dir.absolute().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise ParityError(f"cannot save cases under --save-dir {save_dir}: {existing} is not a "
+                          "writable folder")  # fmt: skip
     report = compare_steps(
         Path(_model_ref(args)).name.removesuffix(".gguf"),
         spec,
