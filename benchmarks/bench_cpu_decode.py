@@ -27,12 +27,12 @@ import time
 
 import numpy as np
 
+from parity.arch.decoder import DecoderGraphs, DecoderSpec, graph_inputs
+from parity.arch.params import GraphParams
+from parity.arch.synthetic import REAL_SPECS, synthetic_twin
 from parity.backends.cpu.backend import CpuBackend
 from parity.core.backend import Device
-from parity.core.params import GraphParams
 from parity.core.runtime import Runtime
-from parity.models.decoder import DecoderGraphs, DecoderSpec, graph_inputs
-from parity.models.synthetic import REAL_SPECS, synthetic_twin
 
 
 def measure(

@@ -22,9 +22,9 @@ from collections import Counter
 
 import numpy as np
 
+from parity.arch.synthetic import twin_layout
 from parity.core.dtypes import DType
 from parity.core.weights import WeightData
-from parity.models.synthetic import twin_layout
 from parity.quant import matmul, prepare_weight
 from parity.quant.synthetic import random_weight
 
@@ -33,7 +33,7 @@ MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b")
 
 def matmul_shapes(model: str) -> list[tuple[str, str, int, int, int]]:
     """(weight, quant type, N, K, how many per forward) of every MATMUL in one forward of the
-    real model's layout (parity.models.synthetic), the head included: ``output`` or, when
+    real model's layout (parity.arch.synthetic), the head included: ``output`` or, when
     tied, the token embedding."""
     layout = twin_layout(model)
     head = "output.weight" if "output.weight" in layout else "token_embd.weight"

@@ -53,7 +53,7 @@ def backend_cls(registry, backend_name):
 
 def _parity_home() -> Path:
     """Where pulled models live: ``$PARITY_HOME``, else ``$XDG_CACHE_HOME/parity``, else
-    ``~/.cache/parity`` (the same rule as ``parity.models.registry``)."""
+    ``~/.cache/parity`` (the same rule as ``parity.hub.registry``)."""
     if home := os.environ.get("PARITY_HOME"):
         return Path(home)
     cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from parity.arch.model_file import read_model_file
 from parity.errors import ChatTemplateError
-from parity.models.chat import CHATML, ChatTemplate
-from parity.models.gguf_file import read_model_file
+from parity.text.chat import CHATML, ChatTemplate
 
 KEYS = (
     "tokenizer.chat_template",

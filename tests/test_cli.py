@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from parity.arch.synthetic import synthetic_model, tiny_spec, write_model_gguf
 from parity.cli import main
-from parity.models.gguf_write import tiny_bpe_tokenizer, write_model_gguf
-from parity.models.synthetic import synthetic_model, tiny_spec
+from parity.gguf.writer import tiny_bpe_tokenizer
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

@@ -8,15 +8,16 @@ import numpy as np
 import pytest
 from faulty_backends import SloppyBackend
 
+from parity.arch.decoder import build_decoder, graph_inputs
+from parity.arch.params import GraphParams
+from parity.arch.synthetic import synthetic_model, tiny_spec
 from parity.backends.cpu import ops
 from parity.backends.cpu.backend import CpuBackend
+from parity.conformance.compare_steps import compare_runtimes
 from parity.core.backend import Device
-from parity.core.compare import compare_runtimes, diff_arrays, ulp_distance
+from parity.core.compare import diff_arrays, ulp_distance
 from parity.core.ir import Op
-from parity.core.params import GraphParams
 from parity.core.runtime import Runtime
-from parity.models.decoder import build_decoder, graph_inputs
-from parity.models.synthetic import synthetic_model, tiny_spec
 
 
 def f32(*values):

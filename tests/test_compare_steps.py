@@ -14,17 +14,16 @@ from faulty_backends import (
     SloppyBackend,
 )
 
+from parity.arch.model_file import read_model_file
+from parity.arch.synthetic import synthetic_model, tiny_spec, write_model_gguf
 from parity.backends.cpu.backend import CpuBackend
 from parity.cli.main import main
 from parity.conformance.case import load_case
+from parity.conformance.compare_steps import compare_steps
 from parity.conformance.harness import judge
 from parity.core.backend import Device
 from parity.errors import SchedulingError
-from parity.models.compare_steps import compare_steps
-from parity.models.gguf_file import read_model_file
-from parity.models.gguf_write import tiny_bpe_tokenizer, write_model_gguf
-from parity.models.model import graph_weights
-from parity.models.synthetic import synthetic_model, tiny_spec
+from parity.gguf.writer import tiny_bpe_tokenizer
 
 PROMPT = [1, 17, 42, 99, 7]
 
@@ -107,11 +106,12 @@ def test_compare_command(sloppy_plugin, tmp_path, capsys, monkeypatch):
     assert "unknown backend 'nosuch'" in capsys.readouterr().err
 
 
-def test_graph_weights_file_round_trip_is_what_compare_runs(tmp_path):
+def test_a_file_round_trip_is_what_compare_runs(tmp_path):
     spec, weights = synthetic_model(tiny_spec("qwen2"), seed=2)
     path = tmp_path / "q.gguf"
     write_model_gguf(path, spec, weights, tokenizer=tiny_bpe_tokenizer())
-    file_spec, file_weights = graph_weights(read_model_file(path))
+    file = read_model_file(path)
+    file_spec, file_weights = file.spec, file.weights
     report = compare_steps("q", file_spec, file_weights, PROMPT, 2, make(CpuBackend),
                            make(CpuBackend, kernels="numpy"))  # fmt: skip
     assert report.violation is None and report.identical_share == 1.0
@@ -144,13 +144,13 @@ def test_a_fault_downstream_of_a_bounded_op_is_still_found(tmp_path):
 def test_every_node_kind_becomes_a_faithful_case(arch, tmp_path):
     """node_case cuts any node out of a run (two steps, so caches hold history), and the
     oracle, run on the saved file, gives back the node's bits."""
+    from parity.arch.decoder import build_decoder, graph_inputs
+    from parity.arch.params import GraphParams
     from parity.conformance.case import save_case
+    from parity.conformance.compare_steps import node_case
     from parity.conformance.harness import oracle
     from parity.core.ir import Op
-    from parity.core.params import GraphParams
     from parity.core.runtime import Runtime
-    from parity.models.compare_steps import node_case
-    from parity.models.decoder import build_decoder, graph_inputs
 
     spec, weights = synthetic_model(tiny_spec(arch), seed=6)
     runtime = Runtime([CpuBackend(Device("cpu"))], weights)

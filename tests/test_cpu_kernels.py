@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from parity import quant
+from parity.arch.rope import rope_tables
 from parity.backends.cpu import ops
 from parity.backends.cpu.jit import ops as jit_ops
-from parity.backends.cpu.rope import rope_tables
 from parity.core.dtypes import DType
 from parity.core.ir import AttentionArg, RopeArg
 from parity.core.weights import WeightData

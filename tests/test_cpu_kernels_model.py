@@ -8,18 +8,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from parity.arch.decoder import DecoderGraphs, graph_inputs
+from parity.arch.model_file import read_model_file
+from parity.arch.params import GraphParams
+from parity.arch.synthetic import synthetic_model, tiny_spec
 from parity.backends.cpu import kernel_choice
 from parity.backends.cpu.backend import CpuBackend
 from parity.backends.cpu.jit.ops import PackedWeight, pack_weight
 from parity.core.backend import Device
 from parity.core.config import load_config, make_backends
-from parity.core.params import GraphParams
 from parity.core.runtime import Runtime
 from parity.errors import ConfigError
-from parity.models.decoder import DecoderGraphs, graph_inputs
-from parity.models.gguf_file import read_model_file
-from parity.models.model import graph_weights
-from parity.models.synthetic import synthetic_model, tiny_spec
 from parity.quant import PreparedWeight
 
 TOKENS = np.array([7, 300, 42, 511, 0, 9, 128, 3, 77], np.int32)
@@ -54,7 +53,8 @@ def test_numba_and_numpy_models_agree_bitwise(model):
 @pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
 def test_real_models_agree_bitwise(real_model, name):
     """The real files' weights (every scale value they hold), prefill and decode."""
-    spec, weights = graph_weights(read_model_file(real_model(name)))
+    file = read_model_file(real_model(name))
+    spec, weights = file.spec, file.weights
     want = run_sequence(spec, weights, CpuBackend(Device("cpu"), kernels="numpy"))
     got = run_sequence(spec, weights, CpuBackend(Device("cpu"), kernels="numba"))
     assert got.tobytes() == want.tobytes()

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from parity.arch.decoder import build_decoder, graph_inputs
+from parity.arch.params import GraphParams
+from parity.arch.synthetic import synthetic_model, tiny_spec
 from parity.backends.cpu.backend import CpuBackend
 from parity.core.backend import Device
 from parity.core.dtypes import DType
-from parity.core.params import GraphParams
 from parity.core.runtime import Runtime
-from parity.models.decoder import build_decoder, graph_inputs
-from parity.models.synthetic import synthetic_model, tiny_spec
 from parity.quant import dequantize, quantize_activations
 
 TOKENS = np.array([7, 300, 42, 511, 0, 9, 128], np.int32)

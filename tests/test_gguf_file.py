@@ -11,14 +11,15 @@ import gguf
 import numpy as np
 import pytest
 
+from parity.arch.decoder import ROPE_WEIGHTS, build_decoder
+from parity.arch.model_file import read_model_file
+from parity.arch.params import GraphParams
+from parity.arch.synthetic import synthetic_model, tiny_spec, write_model_gguf
 from parity.core.dtypes import WEIGHT_TYPES, DType
-from parity.core.params import GraphParams
 from parity.core.weights import WeightData
 from parity.errors import ModelError, ModelFileError
-from parity.models.decoder import build_decoder, rope_weights
-from parity.models.gguf_file import GGUFHeader, read_model_file, scan_header
-from parity.models.gguf_write import tiny_bpe_tokenizer, write_model_gguf
-from parity.models.synthetic import synthetic_model, tiny_spec
+from parity.gguf.reader import GGUFHeader, scan_header
+from parity.gguf.writer import tiny_bpe_tokenizer
 from parity.quant.dequant import dequantize
 
 MIX_KEYS = ("attn", "attn_v", "ffn", "ffn_down", "embd", "output")
@@ -77,8 +78,7 @@ def test_round_trip_every_weight_type(tmp_path, arch, dtype):
     path = write_model_gguf(tmp_path / "m.gguf", spec, weights, tokenizer=tiny_bpe_tokenizer())
     model = read_model_file(path)
     assert (model.version, model.alignment) == (3, 32)
-    assert model.spec.with_weights([*model.weights.values(), *rope_weights(model.spec)]) == spec
-    assert set(weights) - set(model.weights) == {"rope.cos", "rope.sin"}
+    assert model.spec == spec and set(model.weights) == set(weights)
     for name, w in model.weights.items():
         assert (w.dtype, w.shape) == (weights[name].dtype, weights[name].shape), name
         assert np.array_equal(w.raw(), weights[name].raw()), name
@@ -87,7 +87,7 @@ def test_round_trip_every_weight_type(tmp_path, arch, dtype):
         else:
             assert w.data.dtype == np.uint8 and w.data.ndim == 1
     graph = build_decoder(
-        model.spec.with_weights([*model.weights.values(), *rope_weights(model.spec)]),
+        model.spec,
         GraphParams(n_tokens=2, n_ctx=8, n_out=1),
     )
     assert graph.outputs
@@ -195,14 +195,16 @@ def test_real_model(real_model, name):
     # every weight is a read-only view into one map of the whole file: nothing was copied
     root = file_map(model.weights["token_embd.weight"].data)
     assert isinstance(root, np.memmap) and root.size == path.stat().st_size
-    for w in model.weights.values():
-        assert file_map(w.data) is root and np.shares_memory(w.data, root)
-        assert not w.data.flags.writeable and not w.data.flags.owndata
+    for tensor, w in model.weights.items():
+        assert not w.data.flags.writeable, tensor
+        if tensor not in ROPE_WEIGHTS:  # the host-computed tables are the only other weights
+            assert file_map(w.data) is root and np.shares_memory(w.data, root)
+            assert not w.data.flags.owndata
 
     # one row per weight type dequantizes as gguf does, bit for bit
     by_type = {}
-    for w in model.weights.values():
-        if len(w.shape) == 2:
+    for tensor, w in model.weights.items():
+        if len(w.shape) == 2 and tensor not in ROPE_WEIGHTS:
             by_type.setdefault(w.dtype, w)
     assert len(by_type) == (2 if name.startswith("smollm2") else 4)
     for dtype, w in by_type.items():

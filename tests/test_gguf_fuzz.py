@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 from gguf import GGUFValueType
 
+from parity.arch.model_file import read_model_file
+from parity.arch.synthetic import synthetic_model, tiny_spec, write_model_gguf
 from parity.core.dtypes import DType
 from parity.errors import ModelError
-from parity.models.gguf_file import GGUFHeader, read_model_file, scan_header
-from parity.models.gguf_write import tiny_bpe_tokenizer, write_model_gguf
-from parity.models.synthetic import synthetic_model, tiny_spec
+from parity.gguf.reader import GGUFHeader, scan_header
+from parity.gguf.writer import tiny_bpe_tokenizer
 
 SEED = 1234
 CASE_SECONDS = 2.0  # far above any honest case; catches hangs

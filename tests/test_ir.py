@@ -5,14 +5,14 @@ from __future__ import annotations
 import attrs
 import pytest
 
+from parity.arch.decoder import DecoderGraphs, build_decoder
+from parity.arch.params import GraphParams
+from parity.arch.synthetic import synthetic_model, tiny_spec
 from parity.core.builder import GraphBuilder, GraphCache
 from parity.core.dtypes import DType
 from parity.core.dump import format_graph, to_dot
 from parity.core.ir import AttentionArg, Graph, Node, Op, RopeArg, SliceArg, verify
-from parity.core.params import GraphParams
 from parity.errors import GraphError
-from parity.models.decoder import DecoderGraphs, build_decoder
-from parity.models.synthetic import synthetic_model, tiny_spec
 
 F32, I32 = DType.F32, DType.I32
 

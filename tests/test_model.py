@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import parity
+from parity.arch.synthetic import synthetic_model, tiny_spec, write_model_gguf
 from parity.errors import ConfigError, ContextLengthError, ModelError
-from parity.models.gguf_write import tiny_bpe_tokenizer, write_model_gguf
-from parity.models.perplexity import perplexity, token_nll
-from parity.models.synthetic import synthetic_model, tiny_spec
+from parity.gguf.writer import tiny_bpe_tokenizer
+from parity.measure.perplexity import perplexity, token_nll
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from parity import quant
+from parity.arch.rope import rope_tables
 from parity.backends.cpu import ops
-from parity.backends.cpu.rope import rope_tables
 from parity.quant.synthetic import random_weight
 
 F32 = np.float32

@@ -16,8 +16,9 @@ import attrs
 import pytest
 
 from parity.errors import ModelError
-from parity.models.pull import _Progress, sidecar_path
-from parity.models.registry import KnownModel, ModelSource, cached_path, model_path, pull
+from parity.hub.known import KnownModel, ModelSource
+from parity.hub.pull import _Progress, sidecar_path
+from parity.hub.registry import cached_path, model_path, pull
 
 ONE = b"GGUF" + bytes(range(256)) * 64
 PARTS = (b"first-" * 500, b"second-" * 300, b"third-" * 700)

@@ -9,14 +9,12 @@ from pathlib import Path
 
 import pytest
 
-import parity.models.registry
+import parity.hub.registry
 from parity.errors import ModelError
-from parity.models.pull import sidecar_path
-from parity.models.registry import (
+from parity.hub.known import KNOWN_MODELS, KnownModel, ModelSource
+from parity.hub.pull import sidecar_path
+from parity.hub.registry import (
     DEFAULT_MODEL,
-    KNOWN_MODELS,
-    KnownModel,
-    ModelSource,
     cached_path,
     list_models,
     model_path,
@@ -118,7 +116,7 @@ def test_resolve_model_names(tmp_path, monkeypatch):
         pulled.append(name)
         return place(Path(home), name, PAYLOAD)
 
-    monkeypatch.setattr(parity.models.registry, "pull", fake_pull)
+    monkeypatch.setattr(parity.hub.registry, "pull", fake_pull)
     path = resolve_model("tiny", home=tmp_path, registry=REGISTRY)
     assert path == model_path("tiny", tmp_path) and pulled == ["tiny"]
     assert resolve_model("tiny", home=tmp_path, registry=REGISTRY) == path  # cached now

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from parity.errors import BackendError, ConfigError
-from parity.models.sampling import Sampler, SamplingParams
+from parity.generation.sampling import Sampler, SamplingParams
 from parity.numerics import exp
 
 OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0}  # every filter disabled

@@ -9,15 +9,15 @@ import json
 import numpy as np
 import pytest
 
+from parity.arch.decoder import build_decoder, graph_inputs
+from parity.arch.params import GraphParams
+from parity.arch.synthetic import synthetic_model, tiny_spec
 from parity.backends.cpu.backend import CpuBackend
 from parity.core.backend import CaptureResult, Device
 from parity.core.ir import Op
-from parity.core.params import GraphParams
 from parity.core.runtime import Runtime
 from parity.core.scheduler import schedule
 from parity.errors import BackendError, GraphError, SchedulingError
-from parity.models.decoder import build_decoder, graph_inputs
-from parity.models.synthetic import synthetic_model, tiny_spec
 
 
 class PartialBackend(CpuBackend):

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from parity.errors import ConfigError
-from parity.models.stops import StopMatcher
+from parity.generation.stops import StopMatcher
 
 
 def run(stops, pieces) -> tuple[list[tuple[str, bool]], str]:

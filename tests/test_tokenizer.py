@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from parity.arch.model_file import read_model_file
 from parity.errors import TokenizerError
-from parity.models.gguf_file import read_model_file
-from parity.models.tokenizer import PRE_TOKENIZERS, Tokenizer, TokenType
+from parity.text.tokenizer import PRE_TOKENIZERS, Tokenizer, TokenType
 
 FIXTURES = json.loads((Path(__file__).parent / "data" / "llamacpp_tokens.json").read_text("utf-8"))
 CASES = FIXTURES["cases"]

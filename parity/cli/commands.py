@@ -16,7 +16,7 @@ from parity import __version__
 from parity.errors import ParityError
 
 if TYPE_CHECKING:
-    from parity.models.registry import ModelStatus
+    from parity.hub.registry import ModelStatus
 
 
 EXIT_FAILED = 3  # a check ran and found a violation (conformance, compare); errors exit 1
@@ -39,14 +39,14 @@ def _read_arg_or_stdin(value: str | None, what: str) -> str:
 
 
 def _model_ref(args: argparse.Namespace) -> str:
-    from parity.models.registry import DEFAULT_MODEL
+    from parity.hub.registry import DEFAULT_MODEL
 
     return args.model or DEFAULT_MODEL
 
 
 def _load(args: argparse.Namespace, *, n_ctx: int | None = None):
     """Open the model on the configured backends, reporting the load on stderr if verbose."""
-    from parity.models.model import load
+    from parity.model import load
 
     t0 = time.perf_counter()
     model = load(
@@ -72,7 +72,7 @@ def _load(args: argparse.Namespace, *, n_ctx: int | None = None):
 
 
 def _sampling(args: argparse.Namespace):
-    from parity.models.sampling import SamplingParams
+    from parity.generation.sampling import SamplingParams
 
     return SamplingParams(
         temperature=args.temperature,
@@ -193,7 +193,7 @@ def chat(args: argparse.Namespace) -> int:
 
 
 def pull(args: argparse.Namespace) -> int:
-    from parity.models.registry import pull as pull_model
+    from parity.hub.registry import pull as pull_model
 
     for name in args.names:
         path = pull_model(name, force=args.force, stream=sys.stderr)
@@ -203,7 +203,7 @@ def pull(args: argparse.Namespace) -> int:
 
 
 def models(args: argparse.Namespace) -> int:
-    from parity.models.registry import list_models
+    from parity.hub.registry import list_models
 
     listed = list_models()
     if args.json:
@@ -227,9 +227,9 @@ def _status_dict(status: ModelStatus) -> dict:
 
 
 def tokenize(args: argparse.Namespace) -> int:
-    from parity.models.gguf_file import read_model_file
-    from parity.models.registry import resolve_model
-    from parity.models.tokenizer import Tokenizer
+    from parity.arch.model_file import read_model_file
+    from parity.hub.registry import resolve_model
+    from parity.text.tokenizer import Tokenizer
 
     text = _read_arg_or_stdin(args.text, "text")
     file = read_model_file(resolve_model(_model_ref(args)))
@@ -292,14 +292,13 @@ def backends(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
+    from parity.arch.decoder import build_decoder
+    from parity.arch.model_file import read_model_file
+    from parity.arch.params import GraphParams
     from parity.core.config import load_config, make_backends
-    from parity.core.params import GraphParams
     from parity.core.plugins import load_backends
     from parity.core.scheduler import schedule
-    from parity.models.decoder import build_decoder
-    from parity.models.gguf_file import read_model_file
-    from parity.models.model import graph_weights
-    from parity.models.registry import resolve_model
+    from parity.hub.registry import resolve_model
 
     file = read_model_file(resolve_model(_model_ref(args), pull_missing=False))
     config = load_config(
@@ -309,7 +308,7 @@ def _explain(args: argparse.Namespace) -> int:
         strict=args.strict,
         path=args.config,
     )
-    spec, _ = graph_weights(file)
+    spec = file.spec
     n_ctx = min(args.ctx or 4096, spec.n_ctx_train)
     graph = build_decoder(spec, GraphParams(n_tokens=1, n_ctx=n_ctx, output="argmax"))
     plan = schedule(graph, make_backends(config, load_backends()), strict=False)
@@ -321,7 +320,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 
 def perplexity(args: argparse.Namespace) -> int:
-    from parity.models.perplexity import perplexity as measure
+    from parity.measure.perplexity import perplexity as measure
 
     path = Path(args.file)
     try:
@@ -346,7 +345,7 @@ def perplexity(args: argparse.Namespace) -> int:
 
 
 def bench(args: argparse.Namespace) -> int:
-    from parity.models.bench import bench as measure
+    from parity.measure.bench import bench as measure
 
     t0 = time.perf_counter()
     model = _load(args)
@@ -394,14 +393,13 @@ def conformance(args: argparse.Namespace) -> int:
 
 
 def compare(args: argparse.Namespace) -> int:
+    from parity.arch.model_file import read_model_file
+    from parity.conformance.compare_steps import compare_steps
     from parity.conformance.report import backend_factory
     from parity.core.plugins import load_backends
-    from parity.models.compare_steps import compare_steps
-    from parity.models.gguf_file import read_model_file
-    from parity.models.model import graph_weights
-    from parity.models.registry import resolve_model
-    from parity.models.sampling import SamplingParams
-    from parity.models.tokenizer import Tokenizer
+    from parity.generation.sampling import SamplingParams
+    from parity.hub.registry import resolve_model
+    from parity.text.tokenizer import Tokenizer
 
     names = [n.strip() for n in args.backends.split(",")]
     if len(names) != 2 or not all(names):
@@ -413,7 +411,7 @@ def compare(args: argparse.Namespace) -> int:
     prompt = Tokenizer.from_metadata(file.metadata).encode(args.prompt)
     if not prompt:
         raise ParityError("the prompt encodes to no tokens; give a non-empty --prompt")
-    spec, weights = graph_weights(file)
+    spec, weights = file.spec, file.weights
     needed = len(prompt) + args.tokens - 1
     n_ctx = args.ctx or needed
     if not needed <= n_ctx <= spec.n_ctx_train:

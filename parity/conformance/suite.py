@@ -1,6 +1,6 @@
 """The op suite: seeded one-op cases for every op, every weight type, the real models' shapes.
 
-Shapes come from the real models' layouts (``parity.models.synthetic.twin_layout``): every
+Shapes come from the real models' layouts (``parity.arch.synthetic.twin_layout``): every
 (weight type, rows, K) a real file multiplies by, for one token (decode) and seven (an odd
 prefill), every head layout, both RoPE modes, attention across the 256-slot chunk boundary.
 Weight rows are capped at ``MAX_ROWS``: rows are independent by the contract, and K (the
@@ -20,13 +20,13 @@ from collections.abc import Callable
 import attrs
 import numpy as np
 
-from parity.backends.cpu.rope import rope_tables
+from parity.arch.rope import rope_tables
+from parity.arch.synthetic import REAL_SPECS, twin_layout
 from parity.conformance.case import Case
 from parity.core.builder import GraphBuilder, Ref
 from parity.core.dtypes import WEIGHT_TYPES, DType
 from parity.core.ir import AttentionArg, Op, RopeArg, SliceArg
 from parity.core.weights import WeightData
-from parity.models.synthetic import REAL_SPECS, twin_layout
 from parity.quant.synthetic import random_weight
 
 F32, I32 = DType.F32, DType.I32

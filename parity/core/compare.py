@@ -1,21 +1,13 @@
-"""Oracle comparison: run one graph on two runtimes, compare every node's output.
-
-The report counts differing elements, the largest distance in units in the last place (ULP),
-the normalized mean squared error, and names the first divergent node in topological order,
-which is where a kernel bug shows itself before its error spreads.
-"""
+"""How far a backend's value is from the oracle's: per-node differences in bits, in units in the
+last place (ULP) and as a normalized mean squared error, the measures that parity tiers bound
+(``parity.core.tiers``) and that the kit and ``parity compare`` report."""
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Mapping
 
 import attrs
 import numpy as np
-
-from parity.core.ir import Graph
-from parity.core.runtime import Runtime
 
 
 def _ordered(bits: np.ndarray) -> np.ndarray:
@@ -79,49 +71,6 @@ def diff_arrays(node: int, op: str, a: np.ndarray, b: np.ndarray) -> NodeDiff:
     return NodeDiff(node, op, tuple(a.shape), int(a.size), n_diff, max_ulp, nmse)
 
 
-@attrs.frozen
-class CompareReport:
-    reference: str
-    candidate: str
-    nodes: tuple[NodeDiff, ...]
-
-    @property
-    def first_divergent(self) -> NodeDiff | None:
-        return next((d for d in self.nodes if not d.identical), None)
-
-    @property
-    def bit_identical(self) -> bool:
-        return self.first_divergent is None
-
-    @property
-    def identical_share(self) -> float:
-        return sum(d.identical for d in self.nodes) / len(self.nodes) if self.nodes else 1.0
-
-    def summary(self) -> str:
-        worst_ulp = max((d.max_ulp for d in self.nodes), default=0.0)
-        worst_nmse = max((d.nmse for d in self.nodes), default=0.0)
-        head = (
-            f"{self.candidate} vs {self.reference}: {len(self.nodes)} nodes compared, "
-            f"{self.identical_share:.1%} bit-identical, max ULP {worst_ulp:g}, "
-            f"worst NMSE {worst_nmse:.3g}"
-        )
-        first = self.first_divergent
-        return head if first is None else f"{head}\nfirst divergent node: {first.describe()}"
-
-    def to_dict(self) -> dict:
-        first = self.first_divergent
-        return {
-            "reference": self.reference,
-            "candidate": self.candidate,
-            "bit_identical": self.bit_identical,
-            "first_divergent": None if first is None else attrs.asdict(first),
-            "nodes": [attrs.asdict(d) for d in self.nodes],
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(jsonable(self.to_dict()))
-
-
 def jsonable(value):
     """``value`` with every non-finite float as a string ("inf", "nan"): strict JSON."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -131,22 +80,3 @@ def jsonable(value):
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
     return value
-
-
-def compare_runtimes(
-    graph: Graph,
-    inputs: Mapping[str, np.ndarray],
-    reference: Runtime,
-    candidate: Runtime,
-) -> CompareReport:
-    """Run ``graph`` once on each runtime (each with its own states) and compare every
-    computed node's output, in topological order."""
-    computed = tuple(i for i, n in enumerate(graph.nodes) if not n.op.is_leaf)
-    ref = reference.run(graph, inputs, expose=computed)
-    cand = candidate.run(graph, inputs, expose=computed)
-    diffs = tuple(diff_arrays(i, graph.nodes[i].op.name, ref[i], cand[i]) for i in computed)
-    return CompareReport(_label(reference), _label(candidate), diffs)
-
-
-def _label(runtime: Runtime) -> str:
-    return "+".join(b.name for b in runtime.backends)

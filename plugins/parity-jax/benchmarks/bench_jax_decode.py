@@ -23,11 +23,11 @@ import jax
 import numpy as np
 from parity_jax.backend import JaxBackend
 
+from parity.arch.decoder import build_decoder, graph_inputs
+from parity.arch.params import GraphParams
+from parity.arch.synthetic import REAL_SPECS, synthetic_twin
 from parity.core.backend import Device
-from parity.core.params import GraphParams
 from parity.core.runtime import Runtime
-from parity.models.decoder import build_decoder, graph_inputs, rope_weights
-from parity.models.synthetic import REAL_SPECS, synthetic_twin
 
 
 def timed(run) -> float:
@@ -37,9 +37,7 @@ def timed(run) -> float:
 
 
 def measure(model: str, mode: str, prompt: int, steps: int) -> dict:
-    spec, weights = synthetic_twin(model)
-    weights = {**weights, **{w.name: w for w in rope_weights(spec)}}
-    spec = spec.with_weights(weights.values())
+    spec, weights = synthetic_twin(model)  # the RoPE tables included
     backend = JaxBackend(Device("jax"), jit=mode)
     runtime = Runtime([backend], weights, strict=True)
     n_ctx = prompt + steps + 1

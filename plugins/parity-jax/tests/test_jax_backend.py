@@ -22,22 +22,22 @@ pytest.importorskip("jax")
 from parity_jax import program, quant
 from parity_jax.backend import JaxBackend
 
+from parity.arch.decoder import build_decoder, graph_inputs
+from parity.arch.params import GraphParams
+from parity.arch.synthetic import synthetic_model, tiny_spec
 from parity.backends.cpu.backend import CpuBackend
+from parity.conformance.compare_steps import compare_runtimes
 from parity.conformance.harness import judge
 from parity.conformance.suite import op_suite
 from parity.core.backend import Device
-from parity.core.compare import compare_runtimes
 from parity.core.config import load_config, make_backends
 from parity.core.dtypes import DType
 from parity.core.ir import Op
-from parity.core.params import GraphParams
 from parity.core.plugins import load_backends
 from parity.core.runtime import Runtime
 from parity.core.scheduler import schedule
 from parity.core.tiers import backend_manifest
 from parity.errors import BackendError, ConfigError
-from parity.models.decoder import build_decoder, graph_inputs
-from parity.models.synthetic import synthetic_model, tiny_spec
 
 DEVICE = Device("jax")
 PROMPT = np.array([5, 300, 42, 511, 0, 9], np.int32)

@@ -16,6 +16,7 @@ as a case file (``parity.conformance.case``) that ``parity conformance NAME --ca
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -23,18 +24,18 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from parity.arch.decoder import DecoderSpec, build_decoder, graph_inputs
+from parity.arch.params import GraphParams
 from parity.conformance.case import Case, save_case
 from parity.conformance.harness import judge
 from parity.core.backend import Backend
 from parity.core.builder import GraphBuilder, Ref
 from parity.core.compare import NodeDiff, diff_arrays, jsonable
 from parity.core.ir import Graph, Op
-from parity.core.params import GraphParams
 from parity.core.runtime import Runtime
 from parity.core.tiers import Tier, backend_manifest
 from parity.core.weights import WeightData
-from parity.models.decoder import DecoderSpec, build_decoder, graph_inputs
-from parity.models.sampling import Sampler, SamplingParams
+from parity.generation.sampling import Sampler, SamplingParams
 
 
 @attrs.frozen
@@ -276,3 +277,65 @@ def compare_steps(
 
 def _max_nan(a: float, b: float) -> float:
     return b if math.isnan(b) or b > a else a
+
+
+@attrs.frozen
+class CompareReport:
+    reference: str
+    candidate: str
+    nodes: tuple[NodeDiff, ...]
+
+    @property
+    def first_divergent(self) -> NodeDiff | None:
+        return next((d for d in self.nodes if not d.identical), None)
+
+    @property
+    def bit_identical(self) -> bool:
+        return self.first_divergent is None
+
+    @property
+    def identical_share(self) -> float:
+        return sum(d.identical for d in self.nodes) / len(self.nodes) if self.nodes else 1.0
+
+    def summary(self) -> str:
+        worst_ulp = max((d.max_ulp for d in self.nodes), default=0.0)
+        worst_nmse = max((d.nmse for d in self.nodes), default=0.0)
+        head = (
+            f"{self.candidate} vs {self.reference}: {len(self.nodes)} nodes compared, "
+            f"{self.identical_share:.1%} bit-identical, max ULP {worst_ulp:g}, "
+            f"worst NMSE {worst_nmse:.3g}"
+        )
+        first = self.first_divergent
+        return head if first is None else f"{head}\nfirst divergent node: {first.describe()}"
+
+    def to_dict(self) -> dict:
+        first = self.first_divergent
+        return {
+            "reference": self.reference,
+            "candidate": self.candidate,
+            "bit_identical": self.bit_identical,
+            "first_divergent": None if first is None else attrs.asdict(first),
+            "nodes": [attrs.asdict(d) for d in self.nodes],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(jsonable(self.to_dict()))
+
+
+def compare_runtimes(
+    graph: Graph,
+    inputs: Mapping[str, np.ndarray],
+    reference: Runtime,
+    candidate: Runtime,
+) -> CompareReport:
+    """Run ``graph`` once on each runtime (each with its own states) and compare every
+    computed node's output, in topological order."""
+    computed = tuple(i for i, n in enumerate(graph.nodes) if not n.op.is_leaf)
+    ref = reference.run(graph, inputs, expose=computed)
+    cand = candidate.run(graph, inputs, expose=computed)
+    diffs = tuple(diff_arrays(i, graph.nodes[i].op.name, ref[i], cand[i]) for i in computed)
+    return CompareReport(_label(reference), _label(candidate), diffs)
+
+
+def _label(runtime: Runtime) -> str:
+    return "+".join(b.name for b in runtime.backends)

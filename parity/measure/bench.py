@@ -16,7 +16,7 @@ import attrs
 import numpy as np
 
 if TYPE_CHECKING:
-    from parity.models.model import Model
+    from parity.model import Model
 
 
 @attrs.frozen

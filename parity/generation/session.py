@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from parity.core.params import GraphParams
+from parity.arch.decoder import DecoderGraphs
+from parity.arch.params import GraphParams
 from parity.core.runtime import Runtime
 from parity.errors import ContextLengthError
-from parity.models.decoder import DecoderGraphs
 
 DEFAULT_BATCH = 512  # prefill tokens per graph
 

@@ -1,5 +1,5 @@
-"""Opening a GGUF model file: a bounded scan of the header, the decoder spec from its metadata,
-and the weights as zero-copy views into one read-only memory map.
+"""Reading a GGUF file: a bounded scan of the header, and the tensors as zero-copy views into one
+read-only memory map. What the metadata means for a model is ``parity.arch``'s business.
 
 The scan checks every length and count against the bytes left in the file before it reads or
 allocates anything in proportion to it, so a truncated, corrupt or hostile file costs at most
@@ -8,11 +8,12 @@ one pass over its own header and ends in a ModelFileError that says what is wron
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import struct
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import NoReturn
 
@@ -28,12 +29,10 @@ from gguf import (
 
 from parity.core.dtypes import WEIGHT_TYPES, DType
 from parity.core.weights import WeightData
-from parity.errors import ModelError, ModelFileError
-from parity.models.decoder import ROPE_MODES, DecoderSpec
+from parity.errors import ModelFileError
 
 SUPPORTED_VERSIONS = (2, 3)
 MAX_DIMS = 4
-MAX_CONTEXT = 1 << 24  # the caller builds RoPE tables of this many rows
 CORRUPT = "the file is truncated or corrupt — download it again"
 UNSUPPORTED_TYPES = "use a GGUF quantized to types parity supports (e.g. Q4_K_M, Q8_0)"
 
@@ -102,44 +101,46 @@ class GGUFHeader:
 
 
 @attrs.frozen
-class ModelFile:
-    """A loaded model: its decoder spec (``spec.weights`` filled, RoPE tables excluded), its
-    weights as views into one read-only memory map of the file, and all of its metadata
-    (scalars as int/float/bool/str, string arrays as lists, numeric arrays as read-only numpy
-    views of the map)."""
+class GGUFFile:
+    """A GGUF file: its validated header, its metadata (scalars as int/float/bool/str, string
+    arrays as lists, numeric arrays as read-only numpy views of the map) and its tensors as
+    views into one read-only memory map of the file (never copies)."""
 
     path: Path
-    version: int
-    alignment: int
-    spec: DecoderSpec
-    weights: Mapping[str, WeightData] = attrs.field(repr=False)
+    header: GGUFHeader = attrs.field(repr=False)
     metadata: Mapping[str, object] = attrs.field(repr=False)
+    tensors: Mapping[str, WeightData] = attrs.field(repr=False)
+
+    @property
+    def where(self) -> str:
+        """How messages name the file."""
+        return f"model file {self.path}"
 
 
-def read_model_file(path: str | os.PathLike) -> ModelFile:
-    """Open a llama or qwen2 GGUF file without copying any weight.
-
-    Raises ModelFileError for a missing, unreadable, malformed or unsupported file, and
-    ModelError for an architecture parity does not build.
-    """
+def read_gguf(path: str | os.PathLike) -> GGUFFile:
+    """Open a GGUF file without copying any tensor; ModelFileError for a missing, unreadable,
+    malformed or unsupported file (one line that says what is wrong)."""
     path = Path(path)
     where = f"model file {path}"
     mm = _map_file(path, where)
-    try:
+    with reading(where):
         header = scan_header(memoryview(mm), where)
-        spec = _decoder_spec(header, where)
-        weights = _weights(mm, header)
-    except (ValueError, struct.error, OverflowError, IndexError) as err:
-        # a check above missed something; still one line for the user, never a traceback
-        raise ModelFileError(f"{where}: cannot be read ({err}); {CORRUPT}") from err
-    return ModelFile(
+        tensors = _weights(mm, header)
+    return GGUFFile(
         path=path,
-        version=header.version,
-        alignment=header.alignment,
-        spec=spec.with_weights(weights.values()),
-        weights=types.MappingProxyType(weights),
+        header=header,
         metadata=types.MappingProxyType({k: e.value for k, e in header.entries.items()}),
+        tensors=types.MappingProxyType(tensors),
     )
+
+
+@contextlib.contextmanager
+def reading(where: str) -> Iterator[None]:
+    """Turn what a check missed into one ModelFileError line, never a traceback."""
+    try:
+        yield
+    except (ValueError, struct.error, OverflowError, IndexError) as err:
+        raise ModelFileError(f"{where}: cannot be read ({err}); {CORRUPT}") from err
 
 
 def _map_file(path: Path, where: str) -> np.memmap:
@@ -393,11 +394,11 @@ def _check_ranges(tensors: Iterable[TensorInfo], s: _Scanner) -> None:
         previous = t
 
 
-# -- the decoder spec ----------------------------------------------------------------------------
+# -- metadata ----------------------------------------------------------------------------------
 
 
-class _Metadata:
-    """Typed reads of the hyperparameters, each failing with the key's name."""
+class MetadataReader:
+    """Typed reads of a header's metadata, each failure a ModelFileError naming the key."""
 
     def __init__(self, header: GGUFHeader, where: str) -> None:
         self.entries = header.entries
@@ -430,138 +431,6 @@ class _Metadata:
 
     def string(self, key: str, default: str | None = None) -> str:
         return str(self.get(key, frozenset({V.STRING}), "a string", default))
-
-
-def _decoder_spec(header: GGUFHeader, where: str) -> DecoderSpec:
-    """The hyperparameters; the vocabulary size is token_embd's row count (weights unset)."""
-    m = _Metadata(header, where)
-    arch = m.string("general.architecture")
-    if arch not in ROPE_MODES:
-        raise ModelError(
-            f"{where}: architecture {arch!r} is not supported; parity runs "
-            f"{', '.join(ROPE_MODES)} models — use one of those"
-        )
-    n_layer = m.count(f"{arch}.block_count")
-    if n_layer * 9 > len(header.tensors):  # 9 tensors per layer at the least
-        m.fail(
-            f"metadata '{arch}.block_count' is {n_layer}, but the file holds only "
-            f"{len(header.tensors)} tensors"
-        )
-    n_ctx = m.count(f"{arch}.context_length")
-    if n_ctx > MAX_CONTEXT:
-        m.fail(f"metadata '{arch}.context_length' is {n_ctx}, more than parity's {MAX_CONTEXT}")
-    n_embd = m.count(f"{arch}.embedding_length")
-    n_head = m.count(f"{arch}.attention.head_count")
-    n_head_kv = m.count(f"{arch}.attention.head_count_kv", n_head)
-    if n_head % n_head_kv:
-        m.fail(f"{n_head} attention heads are not a multiple of {n_head_kv} key/value heads")
-    if f"{arch}.attention.key_length" not in header.entries and n_embd % n_head:
-        m.fail(f"embedding length {n_embd} is not a multiple of the head count {n_head}")
-    head_dim = m.count(f"{arch}.attention.key_length", n_embd // n_head)
-    if m.count(f"{arch}.attention.value_length", head_dim) != head_dim:
-        m.fail("key and value heads differ in length", "parity runs models where they agree")
-    rot = m.count(f"{arch}.rope.dimension_count", head_dim)
-    if rot % 2 or rot > head_dim:
-        m.fail(f"RoPE dimension count {rot} must be even and at most the head size {head_dim}")
-    rms_eps = m.positive(f"{arch}.attention.layer_norm_rms_epsilon")
-    if float(np.float32(rms_eps)) != rms_eps:
-        m.fail(
-            f"RMS norm epsilon {rms_eps!r} is not exactly a float32",
-            "parity's RMS_NORM takes a float32 epsilon; store it as FLOAT32",
-        )
-    _check_no_rope_scaling(m, arch)
-    embd = header.tensors.get("token_embd.weight")
-    n_vocab = embd.shape[0] if embd is not None and len(embd.dims) == 2 else 0
-    spec = DecoderSpec(
-        arch=arch,
-        n_vocab=n_vocab,
-        n_embd=n_embd,
-        n_layer=n_layer,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        head_dim=head_dim,
-        n_ff=m.count(f"{arch}.feed_forward_length"),
-        n_ctx_train=n_ctx,
-        rope_base=m.positive(f"{arch}.rope.freq_base", 10000.0),
-        rms_eps=rms_eps,
-        n_rot=0 if rot == head_dim else rot,
-    )
-    _check_tensors(header, spec, m)
-    _check_vocab(header, spec, m)
-    return spec
-
-
-def _check_no_rope_scaling(m: _Metadata, arch: str) -> None:
-    advice = "parity does not implement RoPE scaling; use a model without it"
-    kind = m.string(f"{arch}.rope.scaling.type", "none")
-    if kind != "none":
-        m.fail(f"RoPE scaling {kind!r} is not supported", advice)
-    for key in (f"{arch}.rope.scaling.factor", f"{arch}.rope.scale_linear"):
-        factor = float(m.get(key, FLOAT_TYPES, "a float", 1.0))
-        if factor not in (0.0, 1.0):  # llama.cpp reads 0 as "no scaling"
-            m.fail(f"metadata {key!r} is {factor}: RoPE scaling is not supported", advice)
-
-
-def _expected_tensors(spec: DecoderSpec) -> tuple[dict, dict]:
-    """(required, optional) tensors: name -> (numpy shape, True if it must be F32)."""
-    e, f, v = spec.n_embd, spec.n_ff, spec.n_vocab
-    q, kv = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
-    linears = {"attn_q": (q, e), "attn_k": (kv, e), "attn_v": (kv, e), "attn_output": (e, q),
-               "ffn_gate": (f, e), "ffn_up": (f, e), "ffn_down": (e, f)}  # fmt: skip
-    required = {"token_embd.weight": ((v, e), False), "output_norm.weight": ((e,), True)}
-    optional = {"output.weight": ((v, e), False), "output.bias": ((v,), True)}
-    for il in range(spec.n_layer):
-        blk = f"blk.{il}"
-        required[f"{blk}.attn_norm.weight"] = ((e,), True)
-        required[f"{blk}.ffn_norm.weight"] = ((e,), True)
-        for name, shape in linears.items():
-            required[f"{blk}.{name}.weight"] = (shape, False)
-            qwen2_bias = spec.arch == "qwen2" and name in ("attn_q", "attn_k", "attn_v")
-            (required if qwen2_bias else optional)[f"{blk}.{name}.bias"] = ((shape[0],), True)
-    return required, optional
-
-
-def _check_tensors(header: GGUFHeader, spec: DecoderSpec, m: _Metadata) -> None:
-    """Every tensor the graph reads is present with its type family and shape; no others."""
-    required, optional = _expected_tensors(spec)
-    problems = []
-    for name, (shape, f32) in (required | optional).items():
-        t = header.tensors.get(name)
-        if t is None:
-            if name in required:
-                problems.append(f"{name} is missing")
-            continue
-        if t.shape != shape or (f32 and t.dtype is not DType.F32):
-            want = f"{'F32' if f32 else 'a weight type'} {list(shape)}"
-            problems.append(f"{name} is {t.dtype.name} {list(t.shape)}, expected {want}")
-    extra = [n for n in header.tensors if n not in required and n not in optional]
-    if extra:
-        problems.append(f"{_listing(extra)} {'is' if len(extra) == 1 else 'are'} not used")
-    if problems:
-        m.fail(
-            f"its tensors do not fit parity's {spec.arch} graph: {_listing(problems)}",
-            f"the file is incomplete, corrupt, or a {spec.arch} variant parity does not run",
-        )
-
-
-def _check_vocab(header: GGUFHeader, spec: DecoderSpec, m: _Metadata) -> None:
-    tokens = header.entries.get("tokenizer.ggml.tokens")
-    if tokens is not None:
-        if tokens.item_type is not V.STRING:
-            m.fail("metadata 'tokenizer.ggml.tokens' is not an array of strings")
-        if len(tokens.value) != spec.n_vocab:
-            m.fail(
-                f"the tokenizer has {len(tokens.value)} tokens but token_embd has "
-                f"{spec.n_vocab} rows"
-            )
-    key = f"{spec.arch}.vocab_size"
-    if key in header.entries and (n_vocab := m.count(key)) != spec.n_vocab:
-        m.fail(f"metadata {key!r} is {n_vocab} but token_embd has {spec.n_vocab} rows")
-
-
-def _listing(items: list[str], limit: int = 6) -> str:
-    shown = ", ".join(items[:limit])
-    return shown if len(items) <= limit else f"{shown} and {len(items) - limit} more"
 
 
 def _weights(mm: np.memmap, header: GGUFHeader) -> dict[str, WeightData]:

@@ -1,0 +1,2 @@
+"""GGUF files: a bounded reader of the header with zero-copy tensor views, and a writer for the
+small synthetic models the tests build."""

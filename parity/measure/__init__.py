@@ -1,0 +1,1 @@
+"""Measurements of a loaded model: perplexity (llama.cpp's protocol) and speed (parity bench)."""

@@ -1,1 +1,0 @@
-"""Model architectures as graphs, and synthetic models for tests and benchmarks."""
