@@ -1,11 +1,13 @@
 """kv_write and attention: the chunked two-pass contract bit for bit against a scalar loop,
-float64 softmax within a stated bound, batch invariance, chunk boundaries and GQA."""
+float64 softmax within a stated bound, batch invariance, chunk boundaries and GQA; the tiled
+kernel (attention_tiled) bit for bit against the definition (ops.attention)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from parity.backends.cpu import attention_tiled as tiled
 from parity.backends.cpu import ops
 from parity.numerics import exp
 
@@ -115,11 +117,14 @@ def test_attention_is_batch_invariant_and_deterministic(monkeypatch) -> None:
     for t in (0, 100, 255, 256, 299):
         alone = ops.attention(q[t : t + 1], k, v, positions[t : t + 1], **kw)
         assert alone.tobytes() == batch[t : t + 1].tobytes()
-    # token chunking for memory changes nothing either
-    monkeypatch.setattr(ops, "_ATTENTION_TEMP_BYTES", 1 << 20)
-    assert ops.attention(q, k, v, positions, **kw).tobytes() == batch.tobytes()
     # nor does the order tokens come in
     rev = ops.attention(q[::-1].copy(), k, v, positions[::-1].copy(), **kw)
+    assert rev[::-1].tobytes() == batch.tobytes()
+    # the tiled kernel gives the same bits, and its token chunking for memory changes nothing
+    assert tiled.attention_tiled(q, k, v, positions, **kw).tobytes() == batch.tobytes()
+    monkeypatch.setattr(tiled, "_ATTENTION_TEMP_BYTES", 1 << 20)
+    assert tiled.attention_tiled(q, k, v, positions, **kw).tobytes() == batch.tobytes()
+    rev = tiled.attention_tiled(q[::-1].copy(), k, v, positions[::-1].copy(), **kw)
     assert rev[::-1].tobytes() == batch.tobytes()
 
 
@@ -148,25 +153,29 @@ def test_attention_gqa_head_mapping_and_uniform_rows() -> None:
     assert np.all(out == 0.5)
 
 
-def test_attention_errors() -> None:
+@pytest.mark.parametrize("attention", [ops.attention, tiled.attention_tiled])
+def test_attention_errors(attention) -> None:
     kw = {"n_head": 2, "n_head_kv": 1, "head_dim": 4, "scale": 0.5}
     q, k, v = make(5, 10, 2, 1, 4, 2)
     with pytest.raises(
         ValueError, match=r"attention: position 10 is outside the caches' rows 0..9"
     ):
-        ops.attention(q, k, v, np.array([0, 10], np.int32), **kw)
+        attention(q, k, v, np.array([0, 10], np.int32), **kw)
     with pytest.raises(ValueError, match="attention: position -3 is outside"):
-        ops.attention(q, k, v, np.array([-3, 0], np.int32), **kw)
+        attention(q, k, v, np.array([-3, 0], np.int32), **kw)
     with pytest.raises(ValueError, match=r"attention: positions must be int32\[2\]"):
-        ops.attention(q, k, v, np.array([0], np.int32), **kw)
+        attention(q, k, v, np.array([0], np.int32), **kw)
     with pytest.raises(ValueError, match="must be a multiple of n_head_kv"):
-        ops.attention(q, k, v, np.array([0, 1], np.int32), **{**kw, "n_head_kv": 3})
+        attention(q, k, v, np.array([0, 1], np.int32), **{**kw, "n_head_kv": 3})
     with pytest.raises(ValueError, match=r"caches must both be \(n_ctx, 4\)"):
-        ops.attention(q, k, v[:, :2], np.array([0, 1], np.int32), **kw)
+        attention(q, k, v[:, :2], np.array([0, 1], np.int32), **kw)
     with pytest.raises(ValueError, match="q width 8 != n_head"):
-        ops.attention(q, k, v, np.array([0, 1], np.int32), **{**kw, "n_head": 4})
+        attention(q, k, v, np.array([0, 1], np.int32), **{**kw, "n_head": 4})
     with pytest.raises(ValueError, match="scale must be exact in float32"):
-        ops.attention(q, k, v, np.array([0, 1], np.int32), **{**kw, "scale": 0.1})
+        attention(q, k, v, np.array([0, 1], np.int32), **{**kw, "scale": 0.1})
+    # no tokens: an empty (0, n_head * head_dim) result
+    empty = attention(q[:0], k, v, np.zeros(0, np.int32), **kw)
+    assert empty.shape == (0, 8) and empty.dtype == F32
 
 
 def test_kv_write_in_place() -> None:
@@ -272,30 +281,33 @@ def test_attention_tiling_changes_nothing(monkeypatch, tile: int, temp: int) -> 
     positions = np.array([0, 5, 255, 256, 257, 300, 511, 512, 513], dtype=np.int32)
     q, k, v = make(7, 520, 6, 3, 8, positions.size, q_scale=2.0)
     want = attention_reference(q, k, v, positions, **kw)
-    monkeypatch.setattr(ops, "_ATTENTION_TILE_BYTES", tile)
-    monkeypatch.setattr(ops, "_ATTENTION_TEMP_BYTES", temp)
     assert ops.attention(q, k, v, positions, **kw).tobytes() == want.tobytes()
+    monkeypatch.setattr(tiled, "_ATTENTION_TILE_BYTES", tile)
+    monkeypatch.setattr(tiled, "_ATTENTION_TEMP_BYTES", temp)
+    assert tiled.attention_tiled(q, k, v, positions, **kw).tobytes() == want.tobytes()
 
 
 def test_attention_hidden_real_rows_are_plus_zero(monkeypatch) -> None:
     # tokens 256..511 in one block: row j > p is a real cache row for the block, but hidden for
     # token p; v = -0.0 everywhere makes a -0.0 leak visible (the full 256-slot tail has no
     # +0.0 padding to hide it), and inf/NaN rows inside the block's span must not leak either
-    monkeypatch.setattr(ops, "_ATTENTION_TILE_BYTES", 1 << 30)
+    monkeypatch.setattr(tiled, "_ATTENTION_TILE_BYTES", 1 << 30)
     kw = {"n_head": 2, "n_head_kv": 1, "head_dim": 2, "scale": 1.0}
     positions = np.arange(256, 512, dtype=np.int32)
     q, k, v = make(8, 512, 2, 1, 2, positions.size)
     v[:] = -0.0
-    out = ops.attention(q, k, v, positions, **kw)
-    want = np.zeros_like(out)  # tail sums +0.0 (hidden slots), fold: -0.0 + (+0.0) = +0.0
+    want = np.zeros((positions.size, 4), F32)  # tail sums +0.0 (hidden slots), -0.0 + +0.0
     want[-1] = -0.0  # position 511 sees every slot of chunk 1: all -0.0, so -0.0 + -0.0
-    assert out.tobytes() == want.tobytes()
-    assert out.tobytes() == attention_reference(q, k, v, positions, **kw).tobytes()
+    for attention in (ops.attention, tiled.attention_tiled):
+        out = attention(q, k, v, positions, **kw)
+        assert out.tobytes() == want.tobytes()
+        assert out.tobytes() == attention_reference(q, k, v, positions, **kw).tobytes()
     v = make(9, 512, 2, 1, 2, 1)[2]
     v[400], k[450] = np.inf, np.nan
-    got = ops.attention(q, k, v, positions, **kw)
-    assert np.isfinite(got[: 400 - 256]).all()
-    assert same_bits(got, attention_reference(q, k, v, positions, **kw))
+    for attention in (ops.attention, tiled.attention_tiled):
+        got = attention(q, k, v, positions, **kw)
+        assert np.isfinite(got[: 400 - 256]).all()
+        assert same_bits(got, attention_reference(q, k, v, positions, **kw))
 
 
 def test_attention_special_values_match_reference() -> None:
@@ -327,3 +339,114 @@ def test_attention_small_cases_match_reference() -> None:
         assert got.tobytes() == attention_reference(q, k, v, positions, **kw).tobytes()
         if head_dim & (head_dim - 1) == 0:  # the scalar loop's tree wants a power of two
             assert got.tobytes() == attention_scalar(q, k, v, positions, **kw).tobytes()
+
+
+# --- the tiled kernel against the definition, bit for bit ---------------------------------------
+
+
+def assert_same_u32(got: np.ndarray, want: np.ndarray) -> None:
+    """Equal float32 bit patterns everywhere but at NaNs, whose positions must be equal (NaN
+    payloads are not part of the contract)."""
+    assert got.shape == want.shape and got.dtype == want.dtype == F32
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan), "NaN positions differ"
+    differ = (got.view(np.uint32) != want.view(np.uint32)) & ~nan
+    assert not differ.any(), (
+        f"{int(differ.sum())} elements differ, first at {np.argwhere(differ)[0]}"
+    )
+
+
+HEAD_LAYOUTS = [(9, 3, 64), (14, 2, 64), (6, 3, 48), (3, 1, 5)]  # smollm2, qwen2.5, odd dims
+
+TILED_POSITIONS = {
+    "prefill-0-299": np.arange(300),
+    **{f"decode-{p}": np.array([p]) for p in (0, 1, 255, 256, 257, 511, 512, 1000)},
+    "shuffled": np.random.default_rng(20).permutation(
+        np.r_[0:6, 250:262, 509:515, 700, 1000, 1000, 256, 3]  # duplicates too
+    ),
+}
+
+
+def plant_past(k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> None:
+    """NaN and inf in every cache row past every position: rows no token may read."""
+    first = int(positions.max()) + 1
+    k[first::2], k[first + 1 :: 2] = np.nan, np.inf
+    v[first::2], v[first + 1 :: 2] = -np.inf, np.nan
+
+
+@pytest.mark.parametrize("name", list(TILED_POSITIONS))
+@pytest.mark.parametrize("n_head, n_head_kv, head_dim", HEAD_LAYOUTS)
+def test_tiled_matches_definition_bitwise(name, n_head, n_head_kv, head_dim) -> None:
+    positions = TILED_POSITIONS[name].astype(np.int32)
+    scale = float(F32(1 / np.sqrt(head_dim)))
+    kw = {"n_head": n_head, "n_head_kv": n_head_kv, "head_dim": head_dim, "scale": scale}
+    seed = sum(map(ord, name)) + n_head
+    q, k, v = make(seed, 1040, n_head, n_head_kv, head_dim, positions.size, q_scale=3.0)
+    plant_past(k, v, positions)
+    want = ops.attention(q, k, v, positions, **kw)
+    assert np.isfinite(want).all()  # nothing planted past the positions leaked in
+    assert_same_u32(tiled.attention_tiled(q, k, v, positions, **kw), want)
+
+
+SPECIALS = {
+    # +-0, the smallest subnormal, subnormals, the smallest normal
+    "tiny": np.array([0.0, -0.0, 1e-45, -1e-45, 3e-39, -6e-40, 1.1754944e-38], F32),
+    "huge": np.array([1e30, -1e30, 0.0, -0.0], F32),
+}
+
+
+def special(rng, a: np.ndarray, values: np.ndarray, rows: int, share: float = 0.1) -> None:
+    """Replace a random share of the first ``rows`` rows of ``a`` with ``values``, in place."""
+    hit = rng.random((rows, a.shape[1])) < share
+    a[:rows][hit] = rng.choice(values, size=int(hit.sum()))
+
+
+SPECIAL_KINDS = [
+    "tiny-qkv",
+    "huge-q",
+    "huge-v",
+    "overflow",
+    "v-all-minus-zero",
+    "nonfinite-in-span",
+]
+
+
+@pytest.mark.parametrize("kind", SPECIAL_KINDS)
+@pytest.mark.parametrize("n_head, n_head_kv, head_dim", HEAD_LAYOUTS)
+def test_tiled_matches_definition_on_special_values(kind, n_head, n_head_kv, head_dim) -> None:
+    positions = np.random.default_rng(21).permutation(
+        np.r_[0, 1, 2, 40, 250:260, 511, 512, 513, 1000].astype(np.int32)
+    )
+    kw = {"n_head": n_head, "n_head_kv": n_head_kv, "head_dim": head_dim, "scale": 0.125}
+    rng = np.random.default_rng(sum(map(ord, kind)) + head_dim)
+    q, k, v = make(rng, 1040, n_head, n_head_kv, head_dim, positions.size)
+    n = int(positions.max()) + 1
+    if kind == "tiny-qkv":
+        for a, rows in ((q, q.shape[0]), (k, n), (v, n)):
+            special(rng, a, SPECIALS["tiny"], rows)
+        q[0] = -0.0  # a whole q row of -0.0: every score is +-0.0, every weight 1
+    elif kind == "huge-q":  # scores near +-1e30: most weights underflow to +0.0
+        special(rng, q, SPECIALS["huge"], q.shape[0], share=0.02)
+    elif kind == "huge-v":
+        special(rng, v, SPECIALS["huge"], n)
+    elif kind == "overflow":  # q * k overflows: inf and NaN scores, NaN heads
+        special(rng, q, SPECIALS["huge"], q.shape[0], share=0.01)
+        special(rng, k, SPECIALS["huge"], n, share=0.01)
+        q[::3, 0], k[0, 0] = 1e30, 1e30  # row 0 is read by every token: some scores are inf
+    elif kind == "v-all-minus-zero":  # every product -0.0: the +0.0 padding slots decide the sign
+        v[:n] = -0.0
+    else:  # rows some tokens of a chunk read and others must not: 0, 1, 2, 40 stay finite
+        k[45, 1], v[100], v[257, 0], v[258, 1] = np.nan, np.inf, -np.inf, np.nan
+    plant_past(k, v, positions)
+    want = ops.attention(q, k, v, positions, **kw)
+    if kind == "overflow":
+        assert np.isnan(want).any() and np.isfinite(want).any()
+    elif kind == "nonfinite-in-span":
+        assert np.isfinite(want[positions < 45]).all() and not np.isfinite(want).all()
+    else:
+        assert np.isfinite(want).all()  # nothing planted past the positions leaked in
+    if kind == "v-all-minus-zero":
+        assert not want.any()
+        minus = np.signbit(want).all(axis=1)  # -0.0 where the last chunk is whole
+        assert minus.tolist() == [p in (255, 511) for p in positions.tolist()]
+    assert_same_u32(tiled.attention_tiled(q, k, v, positions, **kw), want)

@@ -13,7 +13,7 @@ Scores are formed TILE positions at a time with the head dim as the leading axis
 of the tree over d is one add of two rows of TILE positions: the same adds, in the same pairs.
 The last chunk's tree is taken over its first w = next_pow2(slots <= p) slots, then one
 fl(x + 0.0) when w < 256: the 256-slot tree whose slots from w on are +0.0 is exactly that
-(``ops._attention_block`` says why), so slots past w are never formed.
+(``attention_tiled._attention_block`` says why), so slots past w are never formed.
 """
 
 from __future__ import annotations
