@@ -1,16 +1,18 @@
-"""Whole-model speed of the cpu oracle on synthetic twins of the real models, numpy and numba
-kernels compared in one run.
+"""Whole-model speed of the cpu backend on synthetic twins of the real models, its kernel
+modes (and, with ``--unfused``, each without its fusions) compared in one run.
 
     python benchmarks/bench_cpu_decode.py [--model smollm2-135m] [--kernels numpy numba]
-        [--prefill 128 512] [--prompt 32] [--steps 24] [--repeats 3] [--threads N] [--cold]
+        [--unfused] [--prefill 128 512] [--prompt 32] [--steps 24] [--repeats 3]
+        [--threads N] [--cold]
 
-Per model and kernels, ``--repeats`` times on a fresh backend: the first decode step
+Per model and variant, ``--repeats`` times on a fresh backend: the first decode step
 (``first_call_s``: weight preparation and, for numba, loading the compiled kernels from the
-cache), a prefill of each ``--prefill`` length, then ``--steps`` decode steps after a
-``--prompt``-token prefill (the median step after 2 warm-up steps). Reported: the median over
-repeats and the spread (min-max). ``--cold`` also times the first call with an empty numba
-cache, in a subprocess, which is what a first run on a new machine pays. Weights are random
-payloads in the real files' layouts and quant types; only speed means anything here.
+cache), a prefill of each ``--prefill`` length, then ``--steps`` greedy decode steps after a
+``--prompt``-token prefill, through a Session as generation runs them (the token fed back on
+the device, the position kept there; the median step after 2 warm-up steps). Reported: the
+median over repeats and the spread (min-max). ``--cold`` also times the first call with an
+empty numba cache, in a subprocess, which is what a first run on a new machine pays. Weights
+are random payloads in the real files' layouts and quant types; only speed means anything.
 """
 
 from __future__ import annotations
@@ -33,10 +35,16 @@ from parity.arch.synthetic import REAL_SPECS, synthetic_twin
 from parity.backends.cpu.backend import CpuBackend
 from parity.core.backend import Device
 from parity.core.runtime import Runtime
+from parity.generation.session import Session
 
 
 def measure(
-    spec: DecoderSpec, weights: dict, kernels: str, threads: int | None, args: argparse.Namespace
+    spec: DecoderSpec,
+    weights: dict,
+    kernels: str,
+    fused: bool,
+    threads: int | None,
+    args: argparse.Namespace,
 ) -> dict:
     """One fresh backend: first call, prefills, decode steps."""
     n_ctx = max([args.prompt + args.steps + 1, *args.prefill])
@@ -45,7 +53,8 @@ def measure(
     step = graphs(GraphParams(n_tokens=1, n_ctx=n_ctx, output="argmax"))
 
     t0 = time.perf_counter()
-    runtime = Runtime([CpuBackend(Device("cpu"), kernels=kernels, threads=threads)], weights)
+    backend = CpuBackend(Device("cpu"), kernels=kernels, threads=threads)
+    runtime = Runtime([backend], weights, rewrite=fused)
     runtime.run(step, graph_inputs(tokens[:1], 0))
     out = {"first_call_s": time.perf_counter() - t0}
 
@@ -57,13 +66,12 @@ def measure(
         out[f"prefill{n}_tok_s"] = n / (time.perf_counter() - t0)
 
     runtime.reset()
-    prompt = graphs(GraphParams(n_tokens=args.prompt, n_ctx=n_ctx, n_out=1, output="argmax"))
-    runtime.run(prompt, graph_inputs(tokens[: args.prompt], 0))
+    session = Session(runtime, graphs, n_ctx)
+    token = session.prefill(tokens[: args.prompt].tolist(), greedy=True)
     times = []
-    for i in range(args.steps):
-        pos = args.prompt + i
+    for _ in range(args.steps):
         t0 = time.perf_counter()
-        runtime.run(step, graph_inputs(tokens[pos : pos + 1], pos))
+        token = session.step(token, greedy=True)
         times.append(time.perf_counter() - t0)
     out["decode_step_ms"] = statistics.median(times[2:] if args.steps > 4 else times) * 1e3
     return out
@@ -133,7 +141,9 @@ def machine() -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", action="append", choices=sorted(REAL_SPECS))
-    ap.add_argument("--kernels", nargs="+", default=["numpy", "numba"], choices=["numpy", "numba"])
+    modes = ["numba", "numpy", "definition"]
+    ap.add_argument("--kernels", nargs="+", default=["numpy", "numba"], choices=modes)
+    ap.add_argument("--unfused", action="store_true", help="also each mode without its fusions")
     ap.add_argument("--prefill", type=int, nargs="*", default=[128, 512])
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--steps", type=int, default=24)
@@ -145,11 +155,14 @@ def main() -> None:
     print(json.dumps(machine()) if args.json else machine())
     for name in args.model or sorted(REAL_SPECS):
         spec, weights = synthetic_twin(name)
-        for kernels in args.kernels:
+        for kernels, fused in [
+            (k, f) for k in args.kernels for f in (True, False)[: 1 + args.unfused]
+        ]:
             runs = [
-                measure(spec, weights, kernels, args.threads, args) for _ in range(args.repeats)
+                measure(spec, weights, kernels, fused, args.threads, args)
+                for _ in range(args.repeats)
             ]
-            result = {"model": name, "kernels": kernels, **summary(runs)}
+            result = {"model": name, "kernels": kernels, "fused": fused, **summary(runs)}
             if args.cold and kernels == "numba":
                 result["first_call_cold_s"] = round(cold_first_call(name, kernels, args.threads), 2)
             result["load_avg"] = [round(v, 2) for v in os.getloadavg()]

@@ -21,6 +21,11 @@ class PluginError(ParityError):
     """A plugin failed to load or register, or speaks an incompatible plugin API."""
 
 
+class InputError(ParityError, ValueError):
+    """A step's inputs are out of range: a token id outside the vocabulary, a position outside
+    the context. Checked before any backend sees them."""
+
+
 class ConfigError(ParityError):
     """A configuration file, environment variable or argument has a bad value."""
 

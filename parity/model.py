@@ -1,12 +1,18 @@
-"""A loaded model: file, tokenizer, chat template and a runtime on the configured backends.
+"""A loaded model: file, tokenizer, chat template and a runtime on a list of backends.
 
-Everything runs through the graph IR and the scheduler, so any backend serves these models
-unchanged. ``parity.load`` is the front door; the CLI is built on the same calls.
+This is the one place a model is assembled: ``Model(file, backends)`` from an opened file and
+backend instances, ``load`` from a model reference and the configuration; the CLI's commands
+all open models through it. At load every weight the model's graphs
+read is registered on the backends that read it (one batch per backend, with a progress bar
+for slow uploads) and the decode steps are prepared, so the first request neither uploads nor
+allocates. Everything runs through the graph IR and the scheduler, so any backend serves these
+models unchanged.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -16,34 +22,47 @@ import numpy as np
 from parity.arch.decoder import DecoderGraphs, DecoderSpec
 from parity.arch.model_file import ModelFile, read_model_file
 from parity.arch.params import GraphParams
-from parity.core.config import Config, load_config, make_backends
+from parity.core.backend import Backend, Progress
+from parity.core.config import load_config
 from parity.core.plugins import load_backends
 from parity.core.runtime import Runtime
-from parity.core.scheduler import Plan, schedule
-from parity.errors import ConfigError
+from parity.core.scheduler import Plan
+from parity.core.selection import make_backends
+from parity.errors import BackendError, ConfigError
 from parity.generation.generate import Generation
 from parity.generation.sampling import SamplingParams
-from parity.generation.session import DEFAULT_BATCH, Session
+from parity.generation.session import DEFAULT_BATCH, Session, session_graphs
 from parity.hub.registry import DEFAULT_MODEL, resolve_model
 from parity.text.chat import ChatTemplate
 from parity.text.tokenizer import Tokenizer
 
 DEFAULT_CTX = 4096  # KV positions unless asked otherwise (capped by the model's own)
 DEFAULT_MAX_TOKENS = 256
+PROGRESS_AFTER_S = 0.5  # an upload shows a progress bar once it has taken this long
 
 
 class Model:
-    """A model ready to run. One sequence at a time: each call continues from the KV cache's
-    longest common prefix with its prompt (so chat turns only evaluate what is new)."""
+    """A model ready to run on ``backends`` (priority order; the runtime falls back to the
+    last), or, with no backends, a model opened for its tokenizer and chat template only. One
+    sequence at a time: each call continues from the KV cache's longest common prefix with its
+    prompt (so chat turns only evaluate what is new).
+
+    ``capture`` and ``capture_prefill`` allow graph capture (decode, and prefill) where a
+    backend offers it; ``verify_capture`` compares each first replay with the eager run, bit
+    for bit. ``progress`` shows weight uploads that take a while (on stderr)."""
 
     def __init__(
         self,
         file: ModelFile,
-        config: Config,
+        backends: Sequence[Backend],
         *,
+        strict: bool = False,
         n_ctx: int | None = None,
         n_batch: int = DEFAULT_BATCH,
         capture: bool = True,
+        capture_prefill: bool = True,
+        verify_capture: bool = False,
+        progress: bool = True,
     ) -> None:
         spec = file.spec
         n_ctx = min(DEFAULT_CTX, spec.n_ctx_train) if n_ctx is None else n_ctx
@@ -53,13 +72,27 @@ class Model:
                 "context); choose a size in that range"
             )
         self.file = file
-        self.config = config
         self.tokenizer = Tokenizer.from_metadata(file.metadata)
-        spec, weights = file.spec, file.weights
-        self.backends = make_backends(config, load_backends())
-        self.runtime = Runtime(self.backends, weights, strict=config.strict, capture=capture)
         self.graphs = DecoderGraphs(spec)
-        self.session = Session(self.runtime, self.graphs, n_ctx, n_batch)
+        self.backends = list(backends)
+        self._n_ctx = n_ctx
+        self.runtime: Runtime | None = None
+        self.session: Session | None = None
+        if not self.backends:
+            return
+        self.runtime = Runtime(
+            self.backends,
+            file.weights,
+            strict=strict,
+            capture=capture,
+            verify_capture=verify_capture,
+        )
+        self.runtime.register(
+            session_graphs(self.graphs, n_ctx, n_batch), _upload_progress if progress else None
+        )
+        self.session = Session(
+            self.runtime, self.graphs, n_ctx, n_batch, capture_prefill=capture_prefill
+        )
 
     @property
     def spec(self) -> DecoderSpec:
@@ -71,11 +104,19 @@ class Model:
 
     @property
     def n_ctx(self) -> int:
-        return self.session.n_ctx
+        return self._n_ctx
 
     @cached_property
     def template(self) -> ChatTemplate:
         return ChatTemplate.from_metadata(self.file.metadata)
+
+    def _running(self) -> Session:
+        if self.session is None:
+            raise BackendError(
+                f"{self.name} was opened without backends, for its tokenizer and chat template; "
+                "load it with parity.load(...) to run it"
+            )
+        return self.session
 
     # -- text ------------------------------------------------------------------------------
 
@@ -92,7 +133,7 @@ class Model:
     def logits(self, token_ids: Sequence[int], *, n_out: int | None = None) -> np.ndarray:
         """Prefill logits of ``token_ids`` as a fresh sequence: (n_tokens, n_vocab) float32,
         or only the last ``n_out`` rows (the head runs for those rows alone)."""
-        return self.session.logits(token_ids, n_out)
+        return self._running().logits(token_ids, n_out)
 
     def generate(
         self,
@@ -108,13 +149,14 @@ class Model:
         iterate it for pieces of text, or call ``.complete()``. Sampling is given as a
         ``SamplingParams`` or as its fields (``temperature=0`` for greedy, ``top_k``,
         ``top_p``, ``min_p``, ``repetition_penalty``, ``seed``, ...)."""
+        session = self._running()
         if sampling is None:
             sampling = SamplingParams(**sampling_options)  # type: ignore[arg-type]
         elif sampling_options:
             raise TypeError("pass sampling= or sampling fields, not both")
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         return Generation(
-            self.session,
+            session,
             self.tokenizer,
             ids,
             max_tokens=max_tokens,
@@ -135,15 +177,19 @@ class Model:
 
     def reset(self) -> None:
         """Start the next call from an empty cache."""
-        self.session.reset()
+        self._running().reset()
 
-    def plan(self, n_tokens: int = 1) -> Plan:
-        """Where each op of a decode step (or an ``n_tokens`` prefill) runs, and why."""
-        graph = self.graphs(GraphParams(n_tokens=n_tokens, n_ctx=self.n_ctx))
-        return schedule(graph, self.backends, strict=False)
+    def plan(self, n_tokens: int = 1, *, greedy: bool = True) -> Plan:
+        """Where each op of a decode step (or an ``n_tokens`` prefill) runs, after the first
+        backend's rewrite, and why."""
+        self._running()
+        output = "argmax" if greedy else "logits"
+        graph = self.graphs(GraphParams(n_tokens=n_tokens, n_ctx=self.n_ctx, output=output))
+        return self.runtime.plan(graph)
 
     def close(self) -> None:
-        self.runtime.clear_states()
+        if self.runtime is not None:
+            self.runtime.clear_states()
         for backend in self.backends:
             backend.close()
 
@@ -152,6 +198,38 @@ class Model:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _upload_progress(backend: str) -> Progress:
+    """A progress bar on stderr for weights uploaded to ``backend``, shown only once the upload
+    has taken PROGRESS_AFTER_S (a zero-copy registration never shows one)."""
+    from tqdm import tqdm
+
+    bar: list[tqdm] = []
+
+    def report(done: int, total: int) -> None:
+        if not bar:
+            bar.append(
+                tqdm(
+                    total=total,
+                    unit="B",
+                    unit_scale=True,
+                    desc=f"weights to {backend}",
+                    delay=PROGRESS_AFTER_S,
+                    file=sys.stderr,
+                    leave=False,
+                )
+            )
+        bar[0].update(done - bar[0].n)
+        if done >= total:
+            bar[0].close()
+
+    return report
+
+
+def open_model(model: str | os.PathLike = DEFAULT_MODEL, *, pull: bool = True) -> ModelFile:
+    """A model file by registry name (pulled on first use unless ``pull=False``) or path."""
+    return read_model_file(resolve_model(os.fspath(model), pull_missing=pull))
 
 
 def load(
@@ -165,11 +243,18 @@ def load(
     n_batch: int = DEFAULT_BATCH,
     pull: bool = True,
     config: str | os.PathLike | None = None,
+    backends: Sequence[Backend] | None = None,
+    **options: bool,
 ) -> Model:
     """Open a model by registry name (pulled on first use unless ``pull=False``) or by path to
-    a ``.gguf`` file, on the configured backend (``backend="auto"`` picks per device).
-    Arguments left as None come from the environment, then the config file, then defaults."""
-    path = resolve_model(os.fspath(model), pull_missing=pull)
+    a ``.gguf`` file, on the configured backend (``backend="auto"`` picks per device), or on
+    the given ``backends`` instances (``()``: for the tokenizer and chat template only).
+    Arguments left as None come from the environment, then the config file, then defaults;
+    ``options`` are Model's (``capture``, ``capture_prefill``, ``verify_capture``,
+    ``progress``)."""
+    file = open_model(model, pull=pull)
+    if backends is not None:
+        return Model(file, backends, strict=bool(strict), n_ctx=n_ctx, n_batch=n_batch, **options)
     cfg = load_config(
         backend=backend,
         device=device,
@@ -177,4 +262,5 @@ def load(
         strict=strict,
         path=Path(config) if config is not None else None,
     )
-    return Model(read_model_file(path), cfg, n_ctx=n_ctx, n_batch=n_batch)
+    chosen = make_backends(cfg, load_backends())
+    return Model(file, chosen, strict=cfg.strict, n_ctx=n_ctx, n_batch=n_batch, **options)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.core.plugins import load_backends
+from parity.core.plugins import forget_backends, load_backends
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -88,4 +88,6 @@ def sloppy_plugin(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     here = str(Path(__file__).parent)  # where faulty_backends lives
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), here, *sys.path]))
-    return tmp_path
+    forget_backends()  # plugins load once per process: this one has a new one
+    yield tmp_path
+    forget_backends()

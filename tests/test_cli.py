@@ -92,6 +92,13 @@ def test_backends_and_explain(capsys, model_path):
     assert rc == 0 and any(b["name"] == "cpu" for b in json.loads(out)["backends"])
     rc, out, _ = cli(capsys, "backends", "--explain", "-m", model_path, "-b", "cpu")
     assert rc == 0 and "split" in out
+    assert "fusions (the first backend's rewrite):" in out and "MATMUL_SWIGLU" in out
+    rc, out, _ = cli(capsys, "backends", "--explain", "-m", model_path, "--ctx", "32", "--json")
+    assert rc == 0 and {f["op"] for f in json.loads(out)["fusions"]} >= {"RMS_NORM_MUL", "QUANTIZE"}
+    rc, out, _ = cli(capsys, "backends", "--explain", "-m", model_path, "--graph", "text")
+    assert rc == 0 and "= MATMUL_ADD F32" in out and "@cpu" in out
+    rc, out, _ = cli(capsys, "backends", "--explain", "-m", model_path, "--graph", "dot")
+    assert rc == 0 and out.startswith("digraph parity {") and "MATMUL_SWIGLU" in out
 
 
 def test_models_lists_the_registry(capsys, home):

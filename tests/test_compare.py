@@ -1,23 +1,13 @@
-"""Oracle comparison: ULP distance, per-node reports, and finding the first divergent node."""
+"""Node diffs: ULP distance, bit differences and NMSE (finding the first divergent node of a
+whole model is tests/test_compare_steps.py's)."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
-from faulty_backends import SloppyBackend
 
-from parity.arch.decoder import build_decoder, graph_inputs
-from parity.arch.params import GraphParams
-from parity.arch.synthetic import synthetic_model, tiny_spec
 from parity.backends.cpu import ops
-from parity.backends.cpu.backend import CpuBackend
-from parity.conformance.compare_steps import compare_runtimes
-from parity.core.backend import Device
 from parity.core.compare import diff_arrays, ulp_distance
-from parity.core.ir import Op
-from parity.core.runtime import Runtime
 
 
 def f32(*values):
@@ -52,43 +42,6 @@ def test_diff_arrays():
     assert (zeros.n_diff, zeros.max_ulp, zeros.identical) == (1, 0.0, False)
     with pytest.raises(ValueError, match="shapes differ"):
         diff_arrays(0, "ADD", a, a[:2])
-
-
-@pytest.fixture(scope="module")
-def model():
-    return synthetic_model(tiny_spec("llama"), seed=3)
-
-
-def test_identical_backends_compare_bit_identical(model):
-    spec, weights = model
-    g = build_decoder(spec, GraphParams(n_tokens=4, n_ctx=16, n_out=4))
-    inputs = graph_inputs(np.array([5, 6, 7, 8]), 0)
-    cpu = CpuBackend(Device("cpu"))
-    report = compare_runtimes(g, inputs, Runtime([cpu], weights), Runtime([cpu], weights))
-    assert report.bit_identical and report.first_divergent is None
-    assert len(report.nodes) == sum(not n.op.is_leaf for n in g)
-    assert "100.0% bit-identical" in report.summary()
-
-
-def test_first_divergent_node_is_the_faulty_op(model):
-    spec, weights = model
-    g = build_decoder(spec, GraphParams(n_tokens=4, n_ctx=16, n_out=4))
-    inputs = graph_inputs(np.array([5, 6, 7, 8]), 0)
-    report = compare_runtimes(
-        g,
-        inputs,
-        Runtime([CpuBackend(Device("cpu"))], weights),
-        Runtime([SloppyBackend(Device("cpu"))], weights),
-    )
-    first = report.first_divergent
-    assert first is not None and first.op == "SWIGLU"
-    first_swiglu = next(i for i, n in enumerate(g) if n.op is Op.SWIGLU)
-    assert first.node == first_swiglu
-    before = [d for d in report.nodes if d.node < first.node]
-    assert before and all(d.identical for d in before)
-    assert "first divergent node: %" in report.summary() and "SWIGLU" in report.summary()
-    data = json.loads(report.to_json())
-    assert data["first_divergent"]["node"] == first_swiglu and not data["bit_identical"]
 
 
 def test_sloppy_silu_really_differs_from_the_contract():

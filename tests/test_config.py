@@ -7,8 +7,9 @@ import pytest
 
 from parity.backends.cpu.backend import CpuBackend
 from parity.core.backend import Availability, Device
-from parity.core.config import Config, choose_backend, load_config, make_backends
+from parity.core.config import Config, load_config
 from parity.core.plugins import Registry
+from parity.core.selection import choose_backend, make_backends
 from parity.errors import ConfigError
 
 

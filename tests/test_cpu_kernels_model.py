@@ -16,8 +16,9 @@ from parity.backends.cpu import kernel_choice
 from parity.backends.cpu.backend import CpuBackend
 from parity.backends.cpu.jit.ops import PackedWeight, pack_weight
 from parity.core.backend import Device
-from parity.core.config import load_config, make_backends
+from parity.core.config import load_config
 from parity.core.runtime import Runtime
+from parity.core.selection import make_backends
 from parity.errors import ConfigError
 from parity.quant import PreparedWeight
 
@@ -64,15 +65,15 @@ def test_numba_backend_reads_weights_where_they_lie(model):
     spec, weights = model
     backend = CpuBackend(Device("cpu"), kernels="numba")
     run_sequence(spec, weights, backend)
-    packed = [v for (_, form), v in backend._prepared.items() if form == "packed"]
+    packed = [v for (_, form), v in backend._forms.items() if form == "packed"]
     assert packed and all(isinstance(w, PackedWeight) for w in packed)
-    assert not any(isinstance(v, PreparedWeight) for v in backend._prepared.values())
+    assert not any(isinstance(v, PreparedWeight) for v in backend._forms.values())
     for w in packed:
         assert np.shares_memory(w.raw, weights[_name_of(backend, w)].data)
 
 
 def _name_of(backend: CpuBackend, packed: PackedWeight) -> str:
-    return next(name for (name, form), v in backend._prepared.items() if v is packed)
+    return next(name for (name, form), v in backend._forms.items() if v is packed)
 
 
 def test_pack_weight_is_zero_copy_and_checks_shape():
@@ -89,7 +90,8 @@ def test_kernel_choice_precedence(monkeypatch):
     assert kernel_choice.choose_mode(None, {"kernels": "numba"}, env) == "numpy"
     assert kernel_choice.choose_mode("numba", {"kernels": "numpy"}, env) == "numba"
     assert kernel_choice.choose_mode(None, {"kernels": "numpy"}, {kernel_choice.ENV: ""}) == "numpy"
-    with pytest.raises(ConfigError, match="PARITY_CPU_KERNELS='fast': use one of numpy, numba"):
+    choices = "use one of numba, numpy, definition"
+    with pytest.raises(ConfigError, match=f"PARITY_CPU_KERNELS='fast': {choices}"):
         kernel_choice.choose_mode(None, {}, {kernel_choice.ENV: "fast"})
     monkeypatch.setenv(kernel_choice.ENV, "numpy")
     assert CpuBackend(Device("cpu")).kernel_mode == "numpy"

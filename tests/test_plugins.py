@@ -13,6 +13,7 @@ from parity.core.hookspecs import hookimpl
 from parity.core.plugins import (
     PluginWarning,
     collect_backends,
+    forget_backends,
     load_backends,
     plugin_filter,
     plugin_manager,
@@ -169,6 +170,9 @@ def entry_points_on_path(tmp_path, monkeypatch):
         "oldapi = ptest_old_api\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
+    forget_backends()  # plugins load once per process: this one has new ones
+    yield
+    forget_backends()
 
 
 def test_broken_entry_points_are_isolated(entry_points_on_path):
@@ -180,7 +184,7 @@ def test_broken_entry_points_are_isolated(entry_points_on_path):
     assert "needs libfoo.so" in registry.broken["importerror"]
     assert registry.broken["badhook"].startswith("rejected: PluginValidationError")
     assert "parity_register_backend" in registry.broken["typo"]
-    assert "targets plugin API version 0, this parity speaks 1" in registry.broken["oldapi"]
+    assert "targets plugin API version 0, this parity speaks 2" in registry.broken["oldapi"]
     assert len(caught) == 5 and all("is broken and was skipped" in str(w.message) for w in caught)
     # the working plugin's backend runs
     assert registry.get("good").available().ok
@@ -224,6 +228,7 @@ def test_broken_plugins_on_the_command_line(entry_points_on_path, capsys):
             "oldapi     broken: failed to register: PluginError: backend 'oldapi' targets "
             "plugin API version 0" in out
         )
+        forget_backends()  # each command is a process of its own, which loads plugins once
         assert main(["conformance", "good", "-k", "argmax"]) == 0
         err = capsys.readouterr().err
         assert err.count("parity: warning: parity plugin 'importerror' is broken") == 1

@@ -11,6 +11,7 @@ import parity.quant.gemm as quant_gemm
 from parity.core.dtypes import DType
 from parity.numerics import tree_sum, tree_sum_leading
 from parity.quant import dequantize, matmul, prepare_weight, quantize_activations
+from parity.quant.activation import quantize_rows
 from parity.quant.blocks import SUB_BLOCK, SUPPORTED_TYPES, unpack
 from parity.quant.synthetic import random_weight
 
@@ -213,9 +214,10 @@ def test_decode_path_matches_general_path(name: str, edge: bool) -> None:
     x[6, ::2], x[6, 1::2] = F32(2.0), F32(-2.0)
     x[7] = np.where(rng.random(1024) < 0.5, F32(0.5), F32(-1.0))  # ties: q = +/-64, +/-127
     with np.errstate(all="ignore"):
-        general = quant_gemm._matmul_quant(x, w)
+        general = quant_gemm._matmul_quant(*quantize_rows(x), w)
         for t in range(x.shape[0]):
-            assert_same_bits(quant_gemm._matvec_quant(x[t : t + 1], w), general[t : t + 1])
+            row = quantize_rows(x[t : t + 1])
+            assert_same_bits(quant_gemm._matvec_quant(*row, w), general[t : t + 1])
             assert_same_bits(matmul(x[t : t + 1], w), general[t : t + 1])
 
 

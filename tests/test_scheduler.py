@@ -13,11 +13,11 @@ from parity.arch.decoder import build_decoder, graph_inputs
 from parity.arch.params import GraphParams
 from parity.arch.synthetic import synthetic_model, tiny_spec
 from parity.backends.cpu.backend import CpuBackend
-from parity.core.backend import CaptureResult, Device
+from parity.core.backend import CaptureResult, Device, Executable
 from parity.core.ir import Op
 from parity.core.runtime import Runtime
 from parity.core.scheduler import schedule
-from parity.errors import BackendError, GraphError, SchedulingError
+from parity.errors import BackendError, GraphError, InputError, SchedulingError
 
 
 class PartialBackend(CpuBackend):
@@ -171,6 +171,14 @@ def test_readback_into_caller_buffer_and_reset(model):
     assert again[out].tobytes() == snapshot.tobytes()
 
 
+class Replay(Executable):
+    """A captured executable: the eager one's very buffers (as capture must give them)."""
+
+    def __init__(self, eager, broken=False):
+        super().__init__(eager.split, eager.inputs, eager.outputs)
+        self.eager, self.broken = eager, broken
+
+
 class CapturingBackend(CpuBackend):
     name = "capturing"
 
@@ -184,15 +192,15 @@ class CapturingBackend(CpuBackend):
 
     def capture(self, exe):
         self.captures += 1
-        return CaptureResult(executable=("replay", exe))
+        return CaptureResult(executable=Replay(exe, self.broken_replay))
 
-    def execute(self, exe, inputs):
-        if isinstance(exe, tuple):
-            out = super().execute(exe[1], inputs)
-            if self.broken_replay:
-                out = {i: v + np.float32(1) if v.dtype == np.float32 else v for i, v in out.items()}
-            return out
-        return super().execute(exe, inputs)
+    def execute(self, exe):
+        if not isinstance(exe, Replay):
+            return super().execute(exe)
+        super().execute(exe.eager)
+        for buf in exe.outputs.values():
+            if exe.broken and buf.dtype == np.float32:
+                buf += np.float32(1)
 
 
 def test_capture_after_third_run_and_verify(model):
@@ -234,8 +242,8 @@ def test_backend_without_capture_says_why(model):
 
 
 class GraphLikeBackend(CpuBackend):
-    """Models a CUDA graph: a captured executable replays on the buffers it saw at capture
-    time and writes its outputs into the same buffers every replay."""
+    """Models a CUDA graph: a captured executable replays on the memory it saw at capture time,
+    so it checks at every replay that the runtime still feeds it through those very buffers."""
 
     name = "graphlike"
 
@@ -243,28 +251,32 @@ class GraphLikeBackend(CpuBackend):
         super().__init__(Device("graphlike"))
         self.broken_replay = broken_replay
         self.released = 0
+        self.replays = 0
 
     def supports_op(self, node, srcs):
         return True
 
     def capture(self, exe):
-        return CaptureResult(executable={"exe": exe, "recorded": None, "outputs": None})
+        replay = Replay(exe, self.broken_replay)
+        replay.addresses = _addresses(exe)  # what a CUDA graph bakes in
+        return CaptureResult(executable=replay)
 
-    def execute(self, exe, inputs):
-        if not isinstance(exe, dict):
-            return super().execute(exe, inputs)
-        if exe["recorded"] is None:
-            exe["recorded"] = dict(inputs)  # the addresses baked into the graph
-        assert all(inputs[i] is exe["recorded"][i] for i in inputs), "input buffer moved"
-        fresh = super().execute(exe["exe"], exe["recorded"])
-        if exe["outputs"] is None:
-            exe["outputs"] = {i: np.empty_like(v) for i, v in fresh.items()}
-        for i, v in fresh.items():
-            exe["outputs"][i][...] = v + np.float32(1) if self.broken_replay else v
-        return exe["outputs"]
+    def execute(self, exe):
+        if not isinstance(exe, Replay):
+            return super().execute(exe)
+        assert _addresses(exe) == exe.addresses, "a buffer moved after capture"
+        self.replays += 1
+        super().execute(exe.eager)
+        for buf in exe.outputs.values():
+            if exe.broken and buf.dtype == np.float32:
+                buf += np.float32(1)
 
     def release(self, exe):
         self.released += 1
+
+
+def _addresses(exe):
+    return {i: b.ctypes.data for i, b in (*exe.inputs.items(), *exe.outputs.items())}
 
 
 def decode_steps(runtime, spec, n=6):
@@ -280,7 +292,7 @@ def test_captured_replay_sees_stable_buffers(model, verify):
     _, want = decode_steps(Runtime([cpu()], weights), spec)
     rt = Runtime([GraphLikeBackend()], weights, verify_capture=verify)
     g, got = decode_steps(rt, spec)
-    assert rt.capture_status(g) == [""]
+    assert rt.capture_status(g) == [""] and rt.backends[0].replays >= 3
     assert [a.tobytes() for a in got] == [b.tobytes() for b in want]
 
 
@@ -332,7 +344,7 @@ def test_integer_inputs_must_fit(model):
     g = prefill(spec)
     tokens = TOKENS.astype(np.int64)
     tokens[0] = 2**32 + 3  # would wrap to token 3
-    with pytest.raises(BackendError, match="outside the int32 range"):
+    with pytest.raises(InputError, match="outside the int32 range"):
         Runtime([cpu()], weights).run(g, {"tokens": tokens, "positions": np.arange(5)})
 
 
@@ -343,7 +355,7 @@ def test_plans_are_evicted_and_released(model):
     for n in (1, 2, 3):
         g = build_decoder(spec, GraphParams(n_tokens=n, n_ctx=32))
         rt.run(g, graph_inputs(TOKENS[:n], 0))
-    assert len(rt._prepared) == 2 and backend.released == 1
+    assert len(rt._steps) == 2 and backend.released == 1
 
 
 def test_one_backend_instance_serves_one_model(model):

@@ -44,7 +44,7 @@ def _model_ref(args: argparse.Namespace) -> str:
     return args.model or DEFAULT_MODEL
 
 
-def _load(args: argparse.Namespace, *, n_ctx: int | None = None):
+def _load(args: argparse.Namespace, *, n_ctx: int | None = None, **options: bool):
     """Open the model on the configured backends, reporting the load on stderr if verbose."""
     from parity.model import load
 
@@ -57,6 +57,7 @@ def _load(args: argparse.Namespace, *, n_ctx: int | None = None):
         strict=args.strict,
         n_ctx=n_ctx if n_ctx is not None else args.ctx,
         config=args.config,
+        **options,
     )
     if any(getattr(b, "kernel_mode", None) == "numba" for b in model.backends):
         from parity.backends.cpu.jit.compile import cache_is_warm
@@ -227,13 +228,10 @@ def _status_dict(status: ModelStatus) -> dict:
 
 
 def tokenize(args: argparse.Namespace) -> int:
-    from parity.arch.model_file import read_model_file
-    from parity.hub.registry import resolve_model
-    from parity.text.tokenizer import Tokenizer
+    from parity.model import load
 
     text = _read_arg_or_stdin(args.text, "text")
-    file = read_model_file(resolve_model(_model_ref(args)))
-    tok = Tokenizer.from_metadata(file.metadata)
+    tok = load(_model_ref(args), backends=()).tokenizer  # no backend: nothing to upload
     ids = tok.encode(
         text, add_bos=False if args.no_bos else None, parse_special=not args.no_parse_special
     )
@@ -292,27 +290,16 @@ def backends(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from parity.arch.decoder import build_decoder
-    from parity.arch.model_file import read_model_file
-    from parity.arch.params import GraphParams
-    from parity.core.config import load_config, make_backends
-    from parity.core.plugins import load_backends
-    from parity.core.scheduler import schedule
-    from parity.hub.registry import resolve_model
+    from parity.core.dump import format_graph, to_dot
 
-    file = read_model_file(resolve_model(_model_ref(args), pull_missing=False))
-    config = load_config(
-        backend=args.backend,
-        device=args.device,
-        numerics=args.numerics,
-        strict=args.strict,
-        path=args.config,
-    )
-    spec = file.spec
-    n_ctx = min(args.ctx or 4096, spec.n_ctx_train)
-    graph = build_decoder(spec, GraphParams(n_tokens=1, n_ctx=n_ctx, output="argmax"))
-    plan = schedule(graph, make_backends(config, load_backends()), strict=False)
-    print(plan.to_json() if args.json else plan.explain(verbose=args.verbose))
+    model = _load(args, pull=False)
+    plan = model.plan(1)
+    if args.graph == "text":
+        print(format_graph(plan.graph, plan))
+    elif args.graph == "dot":
+        print(to_dot(plan.graph, plan))
+    else:
+        print(plan.to_json() if args.json else plan.explain(verbose=args.verbose))
     return 0
 
 
@@ -348,7 +335,7 @@ def bench(args: argparse.Namespace) -> int:
     from parity.measure.bench import bench as measure
 
     t0 = time.perf_counter()
-    model = _load(args)
+    model = _load(args, verify_capture=True)  # a captured step must give the eager bits
     result = measure(model, args.prompt_tokens, args.gen_tokens, load_s=time.perf_counter() - t0)
     if args.json:
         print(json.dumps(result.to_dict()))
@@ -393,25 +380,23 @@ def conformance(args: argparse.Namespace) -> int:
 
 
 def compare(args: argparse.Namespace) -> int:
-    from parity.arch.model_file import read_model_file
     from parity.conformance.compare_steps import compare_steps
     from parity.conformance.report import backend_factory
     from parity.core.plugins import load_backends
     from parity.generation.sampling import SamplingParams
-    from parity.hub.registry import resolve_model
-    from parity.text.tokenizer import Tokenizer
+    from parity.model import load
 
     names = [n.strip() for n in args.backends.split(",")]
     if len(names) != 2 or not all(names):
         raise ParityError(f"--backends takes two names, reference,candidate; got {args.backends!r}")
     registry = load_backends()
-    reference = backend_factory(registry, names[0])
+    reference = backend_factory(registry, names[0], reference=True)
     candidate = backend_factory(registry, names[1], args.device)
-    file = read_model_file(resolve_model(_model_ref(args)))
-    prompt = Tokenizer.from_metadata(file.metadata).encode(args.prompt)
+    model = load(_model_ref(args), backends=())  # the file and its tokenizer; no upload
+    prompt = model.tokenize(args.prompt)
     if not prompt:
         raise ParityError("the prompt encodes to no tokens; give a non-empty --prompt")
-    spec, weights = file.spec, file.weights
+    spec = model.spec
     needed = len(prompt) + args.tokens - 1
     n_ctx = args.ctx or needed
     if not needed <= n_ctx <= spec.n_ctx_train:
@@ -429,7 +414,7 @@ def compare(args: argparse.Namespace) -> int:
     report = compare_steps(
         Path(_model_ref(args)).name.removesuffix(".gguf"),
         spec,
-        weights,
+        model.file.weights,
         prompt,
         args.tokens,
         reference,

@@ -46,7 +46,9 @@ def _model_options(p: argparse.ArgumentParser, *, runtime: bool = True) -> None:
     g.add_argument(
         "--strict", action="store_true", default=None, help="fail instead of falling back to cpu"
     )
-    g.add_argument("--ctx", type=_positive, help="context size in tokens (default: 4096)")
+    g.add_argument(
+        "--ctx", type=_positive, help="context in tokens (default 4096, or the model's if less)"
+    )
     g.add_argument("--config", help="config file (default: ./parity.toml, then user config)")
 
 
@@ -102,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     _model_options(p)
     p.add_argument("--explain", action="store_true", help="the plan of a decode step")
     p.add_argument("--verbose", action="store_true", help="with --explain: every node")
+    p.add_argument(
+        "--graph", choices=("text", "dot"),
+        help="with --explain: the decode step's graph, one node a line or Graphviz DOT, by backend",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=commands.backends)
 
@@ -177,18 +183,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _plugin_warnings():
-    """Show a broken plugin as one line, once per command, instead of Python's warning format;
-    returns the previous ``warnings.showwarning`` to put back."""
+    """Show a broken plugin as one line (plugins load once per process, so once) instead of
+    Python's warning format; returns the previous ``warnings.showwarning`` to put back."""
     from parity.core.plugins import PluginWarning
 
-    shown: set[str] = set()
     default = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None) -> None:
         if not issubclass(category, PluginWarning):
             default(message, category, filename, lineno, file, line)
-        elif str(message) not in shown:
-            shown.add(str(message))
+        else:
             print(f"parity: warning: {message}", file=sys.stderr)
 
     warnings.showwarning = show

@@ -18,7 +18,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-from parity.core.dtypes import DType, numpy_dtype
+from parity.core.builder import GraphBuilder, Ref
+from parity.core.dtypes import DType, host_layout
 from parity.core.ir import AttentionArg, Graph, Node, Op, RopeArg, SliceArg, verify
 from parity.core.tiers import packed_type
 from parity.core.weights import WeightData
@@ -40,6 +41,7 @@ class Case:
     weights: Mapping[str, WeightData] = attrs.field(eq=False, repr=False)
     states: Mapping[str, np.ndarray] = attrs.field(factory=dict, eq=False, repr=False)
     note: str = ""  # where the case came from (e.g. the compare run that saved it)
+    rewrite: bool = False  # run it as the backend rewrites it (a case of a fusion)
 
     def __attrs_post_init__(self) -> None:
         """Every leaf of the graph has a value of its declared type and shape (a state may be
@@ -61,8 +63,8 @@ class Case:
                     ok = (value.dtype, value.shape) == (node.dtype, node.shape)
                 else:
                     have = f"{np.asarray(value).dtype}{list(np.shape(value))}"
-                    ok = np.shape(value) == node.shape and np.asarray(value).dtype == np.dtype(
-                        numpy_dtype(node.dtype)
+                    ok = (np.asarray(value).dtype, np.shape(value)) == host_layout(
+                        node.dtype, node.shape
                     )
                 if not ok:
                     raise ValueError(
@@ -79,6 +81,44 @@ class Case:
     def weight_type(self) -> DType | None:
         """The type of the subject's packed weight (MATMUL, GET_ROWS), if it has one."""
         return packed_type(self.subject, [self.graph.nodes[s] for s in self.subject.src])
+
+
+def node_case(
+    graph: Graph,
+    node_id: int,
+    values: Mapping[int, np.ndarray],
+    inputs: Mapping[str, np.ndarray],
+    weights: Mapping[str, WeightData],
+    states: Mapping[str, np.ndarray],
+    case_id: str,
+    note: str = "",
+) -> Case:
+    """One node of a graph as a standalone case. A computed source with a value in ``values``
+    (the reference's) becomes an INPUT holding it; one without (a QUANTIZE a rewrite put in)
+    is computed in the case from its own sources, and so is a KV_WRITE (ATTENTION reads caches
+    only through one), on the cache as it was before the step. Leaves keep kind and value."""
+    b = GraphBuilder()
+    case_inputs: dict[str, np.ndarray] = {}
+    case_weights: dict[str, WeightData] = {}
+    case_states: dict[str, np.ndarray] = {}
+
+    def operand(s: int) -> Ref:
+        src = graph.nodes[s]
+        if src.op is Op.WEIGHT:
+            case_weights[src.arg] = weights[src.arg]
+            return b.weight(src.arg, src.dtype, src.shape)
+        if src.op is Op.STATE:
+            case_states[src.arg] = states[src.arg]
+            return b.state(src.arg, src.shape, src.dtype)
+        if src.op is Op.KV_WRITE or (src.op is not Op.INPUT and s not in values):
+            return b.op(src.op, *(operand(t) for t in src.src), arg=src.arg)
+        name = src.arg if src.op is Op.INPUT else f"{src.op.name.lower()}_{s}"
+        case_inputs[name] = inputs[src.arg] if src.op is Op.INPUT else values[s]
+        return b.input(name, src.dtype, src.shape)
+
+    node = graph.nodes[node_id]
+    out = b.op(node.op, *(operand(s) for s in node.src), arg=node.arg)
+    return Case(case_id, b.build(out), case_inputs, case_weights, case_states, note)
 
 
 # -- graphs as JSON --------------------------------------------------------------------------
@@ -140,6 +180,7 @@ def save_case(case: Case, path: str | Path) -> Path:
         "format": FORMAT,
         "id": case.id,
         "note": case.note,
+        "rewrite": case.rewrite,
         "graph": graph_to_json(case.graph),
         "weights": {
             name: {"dtype": w.dtype.name, "shape": list(w.shape)}
@@ -181,6 +222,7 @@ def load_case(path: str | Path) -> Case:
             weights=weights,
             states=_strip(arrays, "state/"),
             note=str(meta.get("note", "")),
+            rewrite=bool(meta.get("rewrite", False)),
         )
     except CaseFileError:
         raise

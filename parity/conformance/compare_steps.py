@@ -16,7 +16,6 @@ as a case file (``parity.conformance.case``) that ``parity conformance NAME --ca
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -26,10 +25,9 @@ import numpy as np
 
 from parity.arch.decoder import DecoderSpec, build_decoder, graph_inputs
 from parity.arch.params import GraphParams
-from parity.conformance.case import Case, save_case
+from parity.conformance.case import node_case, save_case
 from parity.conformance.harness import judge
 from parity.core.backend import Backend
-from parity.core.builder import GraphBuilder, Ref
 from parity.core.compare import NodeDiff, diff_arrays, jsonable
 from parity.core.ir import Graph, Op
 from parity.core.runtime import Runtime
@@ -69,6 +67,7 @@ class StepsReport:
     candidate_tokens: tuple[int, ...]
     first_divergent: tuple[int, NodeDiff] | None  # (step, node): any difference at all
     violation: Violation | None
+    nodes_fused: int = 0  # original nodes the candidate's rewrite fused into others
 
     @property
     def identical_share(self) -> float:
@@ -86,7 +85,12 @@ class StepsReport:
             f"{self.nodes_compared} nodes compared, {self.identical_share:.2%} bit-identical, "
             f"max ULP {self.max_ulp:g}, worst NMSE {self.worst_nmse:.3g}",
             f"nodes run by {self.candidate}: {self.nodes_on_candidate}/{self.nodes_compared}"
-            + ("" if self.nodes_on_candidate == self.nodes_compared else " (the rest fell back)"),
+            + ("" if self.nodes_on_candidate == self.nodes_compared else " (the rest fell back)")
+            + (
+                f"; {self.nodes_fused} more fused into the nodes that replace them"
+                if self.nodes_fused
+                else ""
+            ),
             f"sampled tokens agree: {self.tokens_agree}/{len(self.reference_tokens)}",
         ]
         if self.first_divergent is None:
@@ -111,6 +115,7 @@ class StepsReport:
                 "steps": self.steps,
                 "nodes_compared": self.nodes_compared,
                 "nodes_on_candidate": self.nodes_on_candidate,
+                "nodes_fused": self.nodes_fused,
                 "bit_identical_share": self.identical_share,
                 "max_ulp": self.max_ulp,
                 "worst_nmse": self.worst_nmse,
@@ -132,43 +137,6 @@ class StepsReport:
                 },
             }
         )
-
-
-def node_case(
-    graph: Graph,
-    node_id: int,
-    values: Mapping[int, np.ndarray],
-    inputs: Mapping[str, np.ndarray],
-    weights: Mapping[str, WeightData],
-    states: Mapping[str, np.ndarray],
-    case_id: str,
-    note: str = "",
-) -> Case:
-    """One node of a graph as a standalone case: computed sources become INPUTs holding
-    ``values`` (the reference's), leaves keep their kind and value. A KV_WRITE source stays a
-    KV_WRITE (ATTENTION reads caches only through one), on the cache as it was before the step."""
-    b = GraphBuilder()
-    case_inputs: dict[str, np.ndarray] = {}
-    case_weights: dict[str, WeightData] = {}
-    case_states: dict[str, np.ndarray] = {}
-
-    def operand(s: int, keep_kv_write: bool) -> Ref:
-        src = graph.nodes[s]
-        if src.op is Op.WEIGHT:
-            case_weights[src.arg] = weights[src.arg]
-            return b.weight(src.arg, src.dtype, src.shape)
-        if src.op is Op.STATE:
-            case_states[src.arg] = states[src.arg]
-            return b.state(src.arg, src.shape, src.dtype)
-        if src.op is Op.KV_WRITE and keep_kv_write:
-            return b.op(src.op, *(operand(t, False) for t in src.src), arg=src.arg)
-        name = src.arg if src.op is Op.INPUT else f"{src.op.name.lower()}_{s}"
-        case_inputs[name] = inputs[src.arg] if src.op is Op.INPUT else values[s]
-        return b.input(name, src.dtype, src.shape)
-
-    node = graph.nodes[node_id]
-    out = b.op(node.op, *(operand(s, True) for s in node.src), arg=node.arg)
-    return Case(case_id, b.build(out), case_inputs, case_weights, case_states, note)
 
 
 def compare_steps(
@@ -197,7 +165,7 @@ def compare_steps(
     manifest = backend_manifest(type(cand_backend))
     cand_backends = [cand_backend, *([fallback()] if fallback else [])]
     runtimes = [
-        Runtime([ref_backend], weights),
+        Runtime([ref_backend], weights, rewrite=False),  # the graph as written: every node
         Runtime(cand_backends, weights, strict=not fallback),
     ]
     samplers = [Sampler(sampling, spec.n_vocab), Sampler(sampling, spec.n_vocab)]
@@ -206,7 +174,7 @@ def compare_steps(
     history: list[int] = list(prompt)
     ref_tokens: list[int] = []
     cand_tokens: list[int] = []
-    compared = identical = nodes_on_candidate = 0
+    compared = identical = nodes_on_candidate = fused = 0
     max_ulp = worst_nmse = 0.0
     first: tuple[int, NodeDiff] | None = None
     violation: Violation | None = None
@@ -217,15 +185,21 @@ def compare_steps(
         inputs = graph_inputs(np.array(step_tokens), len(history) - len(step_tokens))
         computed = tuple(i for i, n in enumerate(graph.nodes) if not n.op.is_leaf)
         ref_out, cand_out = (rt.run(graph, inputs, expose=computed) for rt in runtimes)
-        plan = runtimes[1].plan(graph, expose=computed)
+        ran = runtimes[1].step(graph, computed)  # the candidate's graph is its rewrite
+        here = ran.rewritten.rewritten()
         for name, s in graph.leaves(Op.STATE).items():
             states.setdefault(name, np.zeros(graph.nodes[s].shape, np.float32))
         differs: set[int] = set()
+        values = {r: ref_out[o] for o, r in here.items() if o in ref_out}
         for i in computed:
-            node = graph.nodes[i]
+            if i not in cand_out:  # fused away: its value exists only inside a fused node
+                fused += 1
+                continue
+            r = here[i]
+            node = ran.rewritten.nodes[r]
             d = diff_arrays(i, node.op.name, ref_out[i], cand_out[i])
             compared += 1
-            on_candidate = plan.backend_of(i) == cand_backend.name
+            on_candidate = ran.plan.backend_of(r) == cand_backend.name
             nodes_on_candidate += on_candidate
             identical += d.identical
             max_ulp, worst_nmse = max(max_ulp, d.max_ulp), _max_nan(worst_nmse, d.nmse)
@@ -233,15 +207,11 @@ def compare_steps(
                 continue
             differs.add(i)
             first = first or (step, d)
-            srcs = [graph.nodes[s] for s in node.src]
-            tier = manifest.tier_of(node, srcs)
+            tier = manifest.tier_of(node, [ran.rewritten.nodes[s] for s in node.src])
             if violation is not None or not on_candidate or tier.admits(d):
                 continue  # a fallback node is the oracle's own code: its inputs differed
-            sources_identical = not any(
-                s in differs or (graph.nodes[s].op is Op.STATE and graph.nodes[s].arg in dirty)
-                for s in node.src
-            )
-            case = node_case(graph, i, ref_out, inputs, weights, states,
+            sources_identical = not _inherits(ran.rewritten, r, differs, dirty)
+            case = node_case(ran.rewritten, r, values, inputs, weights, states,
                              f"{model}-step{step}-n{i}-{node.op.name.lower()}",
                              note=f"parity compare {model}: {cand_backend.name} vs "
                                   f"{ref_backend.name}, step {step}, node %{i}")  # fmt: skip
@@ -272,70 +242,24 @@ def compare_steps(
             b.close()
     return StepsReport(model, ref_backend.name, cand_backend.name, n_tokens, compared,
                        nodes_on_candidate, identical, max_ulp, worst_nmse, tuple(ref_tokens),
-                       tuple(cand_tokens), first, violation)  # fmt: skip
+                       tuple(cand_tokens), first, violation, fused)  # fmt: skip
+
+
+def _inherits(graph: Graph, node: int, differs: set[int], dirty: set[str]) -> bool:
+    """Did ``node`` read a value that already differed from the reference's: a source that
+    differed, a KV cache an earlier step left different, through any node a rewrite put in?"""
+    for s in graph.nodes[node].src:
+        src, original = graph.nodes[s], graph.original(s)
+        if src.op is Op.STATE and src.arg in dirty:
+            return True
+        if src.op.is_leaf:
+            continue
+        if original < 0 and _inherits(graph, s, differs, dirty):
+            return True
+        if original in differs:
+            return True
+    return False
 
 
 def _max_nan(a: float, b: float) -> float:
     return b if math.isnan(b) or b > a else a
-
-
-@attrs.frozen
-class CompareReport:
-    reference: str
-    candidate: str
-    nodes: tuple[NodeDiff, ...]
-
-    @property
-    def first_divergent(self) -> NodeDiff | None:
-        return next((d for d in self.nodes if not d.identical), None)
-
-    @property
-    def bit_identical(self) -> bool:
-        return self.first_divergent is None
-
-    @property
-    def identical_share(self) -> float:
-        return sum(d.identical for d in self.nodes) / len(self.nodes) if self.nodes else 1.0
-
-    def summary(self) -> str:
-        worst_ulp = max((d.max_ulp for d in self.nodes), default=0.0)
-        worst_nmse = max((d.nmse for d in self.nodes), default=0.0)
-        head = (
-            f"{self.candidate} vs {self.reference}: {len(self.nodes)} nodes compared, "
-            f"{self.identical_share:.1%} bit-identical, max ULP {worst_ulp:g}, "
-            f"worst NMSE {worst_nmse:.3g}"
-        )
-        first = self.first_divergent
-        return head if first is None else f"{head}\nfirst divergent node: {first.describe()}"
-
-    def to_dict(self) -> dict:
-        first = self.first_divergent
-        return {
-            "reference": self.reference,
-            "candidate": self.candidate,
-            "bit_identical": self.bit_identical,
-            "first_divergent": None if first is None else attrs.asdict(first),
-            "nodes": [attrs.asdict(d) for d in self.nodes],
-        }
-
-    def to_json(self) -> str:
-        return json.dumps(jsonable(self.to_dict()))
-
-
-def compare_runtimes(
-    graph: Graph,
-    inputs: Mapping[str, np.ndarray],
-    reference: Runtime,
-    candidate: Runtime,
-) -> CompareReport:
-    """Run ``graph`` once on each runtime (each with its own states) and compare every
-    computed node's output, in topological order."""
-    computed = tuple(i for i, n in enumerate(graph.nodes) if not n.op.is_leaf)
-    ref = reference.run(graph, inputs, expose=computed)
-    cand = candidate.run(graph, inputs, expose=computed)
-    diffs = tuple(diff_arrays(i, graph.nodes[i].op.name, ref[i], cand[i]) for i in computed)
-    return CompareReport(_label(reference), _label(candidate), diffs)
-
-
-def _label(runtime: Runtime) -> str:
-    return "+".join(b.name for b in runtime.backends)

@@ -26,10 +26,10 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 import numpy as np
 
-from parity.conformance.case import Case
-from parity.core.backend import Backend, Buffer, Device, Split
+from parity.conformance.case import Case, node_case
+from parity.core.backend import Backend, Buffer, Device, Executable, Split
 from parity.core.compare import NodeDiff, diff_arrays, jsonable
-from parity.core.dtypes import DType, numpy_dtype
+from parity.core.dtypes import DType, host_layout, numpy_dtype
 from parity.core.ir import Graph, Node, Op
 from parity.core.tiers import EXACT, Tier, backend_manifest
 
@@ -107,40 +107,47 @@ class CaseResult:
 
 class _GuardedAlloc:
     """Stands in for ``backend.alloc`` while a case runs: hands out views into buffers with
-    sentinel margins, and checks the margins afterwards."""
+    sentinel margins, and checks the margins afterwards. A value whose buffer cannot be sliced
+    (an immutable array, a quantized value's several arrays) gets a plain one."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.alloc = backend.alloc
-        self.buffers: list[tuple[Buffer, str, int]] = []  # (padded buffer, numpy dtype, size)
-        self.works = True
+        self.buffers: list[tuple[Buffer, DType, int]] = []  # (padded buffer, dtype, size)
+        self.unguarded = 0
 
     def __call__(self, dtype: DType, shape: tuple[int, ...]) -> Buffer:
-        if not self.works:
+        if dtype is DType.Q8A:
+            self.unguarded += 1
             return self.alloc(dtype, shape)
         n = math.prod(shape)
         padded = self.alloc(dtype, (n + 2 * MARGIN,))
         try:
             view = padded[MARGIN : MARGIN + n].reshape(shape)
-        except Exception:  # not sliceable (e.g. immutable arrays): run unguarded
-            self.works = False
+        except Exception:  # not sliceable (e.g. immutable arrays): unguarded
+            self.unguarded += 1
             return self.alloc(dtype, shape)
-        np_dtype = numpy_dtype(dtype)
-        host = np.zeros(n + 2 * MARGIN, np_dtype)
-        host[:MARGIN] = host[-MARGIN:] = _sentinel(np_dtype, MARGIN)
+        host = np.zeros(n + 2 * MARGIN, numpy_dtype(dtype))
+        host[:MARGIN] = host[-MARGIN:] = _sentinel(host.dtype, MARGIN)
         self.backend.upload(padded, host)
-        self.buffers.append((padded, np_dtype, n))
+        self.backend.synchronize()
+        self.buffers.append((padded, dtype, n))
         return view
+
+    @property
+    def works(self) -> bool:
+        return bool(self.buffers)
 
     def check(self) -> list[str]:
         problems = []
-        for padded, np_dtype, n in self.buffers:
-            host = np.empty(n + 2 * MARGIN, np_dtype)
+        for padded, dtype, n in self.buffers:
+            host = np.empty(n + 2 * MARGIN, numpy_dtype(dtype))
             self.backend.download(padded, host)
+            self.backend.synchronize()
             for side, margin in (("before", host[:MARGIN]), ("after", host[-MARGIN:])):
                 if not _is_sentinel(margin):
                     problems.append(
-                        f"wrote {side} the end of a {np_dtype}[{n}] buffer it allocated "
+                        f"wrote {side} the end of a {host.dtype}[{n}] buffer it allocated "
                         "(out-of-bounds write)"
                     )
         return problems
@@ -148,19 +155,23 @@ class _GuardedAlloc:
 
 def _download(backend: Backend, buf: Buffer, node: Node, problems: list[str]) -> np.ndarray:
     """Read a node's buffer through a host window flanked by sentinels, which must survive."""
-    np_dtype = numpy_dtype(node.dtype)
-    n = math.prod(node.shape)
+    np_dtype, shape = host_layout(node.dtype, node.shape)
+    n = math.prod(shape)
     host = _sentinel(np_dtype, n + 2 * MARGIN).copy()
-    window = host[MARGIN : MARGIN + n].reshape(node.shape)
+    window = host[MARGIN : MARGIN + n].reshape(shape)
     backend.download(buf, window)
+    backend.synchronize()
     if not (_is_sentinel(host[:MARGIN]) and _is_sentinel(host[-MARGIN:])):
         problems.append("download wrote outside its host array")
     return window.copy()
 
 
-def execute(backend: Backend, case: Case, *, guard: bool = True) -> Execution:
-    """Run ``case`` on ``backend`` as one split holding every computed node."""
-    graph = case.graph
+def execute(
+    backend: Backend, case: Case, graph: Graph | None = None, *, guard: bool = True
+) -> Execution:
+    """Run ``case`` on ``backend`` as one split holding every computed node of ``graph`` (the
+    case's own, or the backend's rewrite of it); ``outputs`` are keyed by that graph's ids."""
+    graph = case.graph if graph is None else graph
     nodes = graph.nodes
     computed = tuple(i for i, n in enumerate(nodes) if not n.op.is_leaf)
     leaves = tuple(sorted({s for i in computed for s in nodes[i].src if nodes[s].op.is_leaf}))
@@ -170,8 +181,8 @@ def execute(backend: Backend, case: Case, *, guard: bool = True) -> Execution:
         backend.alloc = alloc  # type: ignore[method-assign]  # the backend's own calls too
     problems: list[str] = []
     try:
-        for w in case.weights.values():
-            backend.register_weight(w)
+        weights = [case.weights[nodes[s].arg] for s in leaves if nodes[s].op is Op.WEIGHT]
+        backend.register_weights(weights, graphs=[graph])
         bound, uploaded = {}, {}
         for s in leaves:
             node = nodes[s]
@@ -184,8 +195,12 @@ def execute(backend: Backend, case: Case, *, guard: bool = True) -> Execution:
             bound[s] = backend.alloc(node.dtype, node.shape)
             backend.upload(bound[s], host)
             uploaded[s] = host
-        exe = backend.prepare(split)
-        first = _read(backend, graph, computed, backend.execute(exe, bound), problems)
+        exe = backend.prepare(split, bound)
+        missing = [i for i in computed if i not in exe.outputs]
+        if missing:
+            raise ValueError(f"prepare made no output buffer for node(s) {missing}")
+        backend.execute(exe)
+        first = _read(backend, graph, computed, exe, problems)
         states = {nodes[s].arg: _download(backend, bound[s], nodes[s], problems)
                   for s in leaves if nodes[s].op is Op.STATE}  # fmt: skip
         for s, host in uploaded.items():
@@ -194,14 +209,18 @@ def execute(backend: Backend, case: Case, *, guard: bool = True) -> Execution:
                 after = _download(backend, bound[s], node, problems)
                 if after.tobytes() != host.tobytes():
                     problems.append(f"wrote into its input {node.arg!r} (%{s}), which is read-only")
-        again = _read(backend, graph, computed, backend.execute(exe, bound), problems)
-        _same(first, again, "executing the same step again", problems)
+        backend.execute(exe)
+        _same(first, _read(backend, graph, computed, exe, problems),
+              "executing the same step again", problems)  # fmt: skip
         captured = backend.capture(exe)
         if captured.captured:
-            replay = backend.execute(captured.executable, bound)
+            replay = captured.executable
+            if any(replay.outputs.get(i) is not b for i, b in exe.outputs.items()):
+                problems.append("capture returned an executable on other buffers than prepare's")
+            backend.execute(replay)
             _same(first, _read(backend, graph, computed, replay, problems), "the captured replay",
                   problems)  # fmt: skip
-            backend.release(captured.executable)
+            backend.release(replay)
         backend.release(exe)
         if guard:
             problems.extend(alloc.check())
@@ -212,17 +231,9 @@ def execute(backend: Backend, case: Case, *, guard: bool = True) -> Execution:
 
 
 def _read(
-    backend: Backend,
-    graph: Graph,
-    ids: Sequence[int],
-    buffers: Mapping[int, Buffer],
-    problems: list[str],
+    backend: Backend, graph: Graph, ids: Sequence[int], exe: Executable, problems: list[str]
 ) -> dict[int, np.ndarray]:
-    backend.synchronize()
-    missing = [i for i in ids if i not in buffers]
-    if missing:
-        raise ValueError(f"execute returned no buffer for node(s) {missing}")
-    return {i: _download(backend, buffers[i], graph.nodes[i], problems) for i in ids}
+    return {i: _download(backend, exe.outputs[i], graph.nodes[i], problems) for i in ids}
 
 
 def _same(first: Mapping[int, np.ndarray], other: Mapping[int, np.ndarray], what: str,
@@ -234,21 +245,23 @@ def _same(first: Mapping[int, np.ndarray], other: Mapping[int, np.ndarray], what
 
 
 def oracle(case: Case) -> Execution:
-    """The cpu oracle's outputs for a case."""
+    """The oracle's outputs for a case: the readable definition (the cpu backend's
+    ``definition`` kernels), on the case's graph as written."""
     from parity.backends.cpu.backend import CpuBackend
 
-    return execute(CpuBackend(Device("cpu")), case, guard=False)
+    return execute(CpuBackend(Device("cpu"), kernels="definition"), case, guard=False)
 
 
 def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
     """Run ``case`` on a fresh backend from ``backend_factory`` and judge every node against
-    the cpu oracle under the tiers the backend declares. Whatever the backend raises, from its
+    the oracle under the tiers the backend declares. A case of a fusion (``case.rewrite``) runs
+    as the backend rewrites it: every original node that still exists is judged, a fused node
+    against the composition it replaces, a node the rewrite put in (a QUANTIZE) against the
+    oracle's value of it on the oracle's inputs. Whatever the backend raises, from its
     constructor on, is a finding (FAIL), not an error of the kit."""
-    graph = case.graph
-    srcs_of = [[graph.nodes[s] for s in n.src] for n in graph.nodes]
-    op_name = case.subject.op.name
-    type_name = (case.weight_type or case.subject.dtype).name
-    subject = graph.outputs[0]
+    original = case.graph
+    subject = original.outputs[0]
+    op_name, type_name = case.subject.op.name, (case.weight_type or case.subject.dtype).name
     tier = EXACT
 
     def result(verdict: str, diffs=(), problems=(), guarded=False) -> CaseResult:
@@ -258,12 +271,18 @@ def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
     backend = None
     try:
         backend = backend_factory()
+        graph = backend.rewrite(original) if case.rewrite else original
+        srcs_of = [[graph.nodes[s] for s in n.src] for n in graph.nodes]
         manifest = backend_manifest(type(backend))
-        tier = manifest.tier_of(graph.nodes[subject], srcs_of[subject])
+        ran = graph.rewritten().get(subject)
+        if ran is None:
+            raise ValueError(f"the rewrite lost the value of the case's output %{subject}")
+        op_name = graph.nodes[ran].op.name  # what the backend ran for the subject
+        tier = manifest.tier_of(graph.nodes[ran], srcs_of[ran])
         for i, node in enumerate(graph.nodes):
             if not node.op.is_leaf and not backend.supports_op(node, srcs_of[i]):
                 return result("unsupported", problems=[backend.why_unsupported(node, srcs_of[i])])
-        got = execute(backend, case)
+        got = execute(backend, case, graph)
     except Exception as e:  # a crash is a finding, not the end of the run
         where = traceback.extract_tb(e.__traceback__)[-1]
         return result("FAIL", problems=[
@@ -280,10 +299,23 @@ def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
             row = int(np.argmax(differ.any(axis=-1)))
             problems.append(f"state {name!r} differs from the oracle's after the step, first at "
                             f"row {row} (a write to the wrong rows?)")  # fmt: skip
+    want = {r: reference.outputs[o] for r, o in _origins(graph) if o in reference.outputs}
+    for r, node in enumerate(graph.nodes):  # nodes the rewrite put in, on the oracle's inputs
+        if not node.op.is_leaf and graph.original(r) < 0:
+            values = {s: reference.outputs[graph.original(s)] for s in node.src
+                      if graph.original(s) in reference.outputs}  # fmt: skip
+            alone = node_case(graph, r, values, case.inputs, case.weights, case.states, case.id)
+            want[r] = oracle(alone).outputs[alone.graph.outputs[0]]
     diffs, verdict = [], "FAIL" if problems else "exact"
-    for i, want in reference.outputs.items():
-        d = diff_arrays(i, graph.nodes[i].op.name, want, got.outputs[i])
+    for r, value in sorted(want.items()):
+        d = diff_arrays(r, graph.nodes[r].op.name, value, got.outputs[r])
         diffs.append(d)
-        node_verdict = manifest.tier_of(graph.nodes[i], srcs_of[i]).verdict(d)
+        node_verdict = manifest.tier_of(graph.nodes[r], srcs_of[r]).verdict(d)
         verdict = max(verdict, node_verdict, key=VERDICTS.index)
     return result(verdict, diffs, problems, got.guarded)
+
+
+def _origins(graph: Graph) -> list[tuple[int, int]]:
+    """(node id here, original id) of every computed node with an original."""
+    return [(i, graph.original(i)) for i, n in enumerate(graph.nodes)
+            if not n.op.is_leaf and graph.original(i) >= 0]  # fmt: skip

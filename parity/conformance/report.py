@@ -10,8 +10,9 @@ from parity.conformance.case import load_case
 from parity.conformance.harness import VERDICTS, CaseResult, judge
 from parity.conformance.suite import CaseSpec, op_suite
 from parity.core.backend import Backend
-from parity.core.config import choose_backend, load_config
+from parity.core.config import load_config
 from parity.core.plugins import Registry
+from parity.core.selection import choose_backend
 from parity.errors import PluginError
 
 
@@ -20,11 +21,13 @@ class BackendUnavailable(PluginError):
 
 
 def backend_factory(
-    registry: Registry, name: str, device: int | None = None
+    registry: Registry, name: str, device: int | None = None, *, reference: bool = False
 ) -> Callable[[], Backend]:
     """A maker of fresh instances of backend ``name``, built as a run builds it: the device
     by index, the options of ``[backends.NAME]`` in the config file. Numerics are the most
-    permissive the backend offers, which is where its declared bounds apply."""
+    permissive the backend offers, which is where its declared bounds apply. As the
+    ``reference`` of a comparison, ``cpu`` is the readable definition (its ``definition``
+    kernels), whatever the config picks for running."""
     cls = registry.get(name)  # PluginError: not installed, or its plugin is broken
     ok = cls.available()
     if not ok.ok:
@@ -33,6 +36,10 @@ def backend_factory(
     config = load_config(backend=name, device=device, numerics=numerics)
     chosen = choose_backend(config, registry)
     options = config.backend_options.get(name, {})
+    if reference and name == "cpu":  # the argument outranks the environment and the file
+        return lambda: chosen.cls(
+            chosen.device, numerics=numerics, options=options, kernels="definition"
+        )
     return lambda: chosen.cls(chosen.device, numerics=numerics, options=options)
 
 

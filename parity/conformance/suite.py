@@ -20,11 +20,12 @@ from collections.abc import Callable
 import attrs
 import numpy as np
 
+from parity import quant
 from parity.arch.rope import rope_tables
 from parity.arch.synthetic import REAL_SPECS, twin_layout
 from parity.conformance.case import Case
 from parity.core.builder import GraphBuilder, Ref
-from parity.core.dtypes import WEIGHT_TYPES, DType
+from parity.core.dtypes import Q8A_BLOCK, WEIGHT_TYPES, DType
 from parity.core.ir import AttentionArg, Op, RopeArg, SliceArg
 from parity.core.weights import WeightData
 from parity.quant.synthetic import random_weight
@@ -68,7 +69,17 @@ class _Builder:
 
     def input(self, name: str, value: np.ndarray) -> Ref:
         self.inputs[name] = value
+        if value.dtype == Q8A_BLOCK:  # quantized activations: (T, K/32) blocks of (T, K)
+            return self.b.input(name, DType.Q8A, (value.shape[0], value.shape[1] * 32))
         return self.b.input(name, I32 if value.dtype == np.int32 else F32, value.shape)
+
+    def quantized(self, name: str, t: int, k: int) -> Ref:
+        """An INPUT of quantized activations: seeded ones (special values planted) as the
+        oracle quantizes them."""
+        q = quant.quantize_activations(activations(self.rng, (t, k)))
+        blocks = np.empty((t, k // 32), Q8A_BLOCK)
+        blocks["q"], blocks["d"], blocks["s"] = q.q.reshape(t, k // 32, 32), q.d, q.s
+        return self.input(name, blocks)
 
     def weight(self, name: str, dtype: DType, shape: tuple[int, ...], data=None) -> Ref:
         if data is None:
@@ -84,11 +95,19 @@ class _Builder:
         return self.b.op(op, *srcs, arg=arg)  # (so a case reads g.op(...) like a graph)
 
 
-def _spec(id: str, op: Op, type: DType, make: Callable[[_Builder], Ref], seed: int = 0) -> CaseSpec:
+def _spec(
+    id: str,
+    op: Op,
+    type: DType,
+    make: Callable[[_Builder], Ref | tuple[Ref, ...]],
+    seed: int = 0,
+    rewrite: bool = False,
+) -> CaseSpec:
     def build() -> Case:
         g = _Builder(seed)
         out = make(g)
-        return Case(id, g.b.build(out), g.inputs, g.weights, g.states)
+        outs = out if isinstance(out, tuple) else (out,)
+        return Case(id, g.b.build(*outs), g.inputs, g.weights, g.states, rewrite=rewrite)
 
     return CaseSpec(id, op.name, type.name, build)
 
@@ -181,6 +200,81 @@ def _argmax(width: int):
     return make
 
 
+def _quantize(t: int, k: int):
+    def make(g: _Builder) -> Ref:
+        x = activations(g.rng, (t, k))
+        x[0, 32:64] = 0.0  # an all-zero block: d = 0
+        x[0, 64:96] = 1e-42  # a subnormal block: d rounds to 0
+        if t > 1:
+            x[1, 0:32] = np.tile(np.float32([0.5, -0.5]), 16)  # all equal magnitude: q = +-127
+            x[1, 40] = np.nan
+            x[1, 70] = np.inf
+        return g.op(Op.QUANTIZE, g.input("x", x))
+
+    return make
+
+
+def _matmul_q8(dtype: DType, n: int, k: int, t: int):
+    def make(g: _Builder) -> Ref:
+        return g.op(Op.MATMUL, g.quantized("xq", t, k), g.weight("w", dtype, (n, k)))
+
+    return make
+
+
+def _rms_norm_mul(width: int, eps: float):
+    def make(g: _Builder) -> Ref:
+        x = g.input("x", activations(g.rng, (5, width)))
+        return g.op(Op.RMS_NORM_MUL, x, g.weight("w", F32, (width,)), arg=eps)
+
+    return make
+
+
+def _matmul_add(dtype: DType, n: int, k: int, t: int, bias: bool = False):
+    def make(g: _Builder) -> Ref:
+        srcs = [g.input("x", activations(g.rng, (t, k))), g.weight("w", dtype, (n, k))]
+        if bias:
+            srcs.append(g.weight("bias", F32, (n,)))
+        residual = activations(g.rng, (t, n), scale=3)
+        return g.op(Op.MATMUL_ADD, *srcs, g.input("r", residual))
+
+    return make
+
+
+def _matmul_swiglu(dtype: DType, n: int, k: int, t: int, quantized: bool = False):
+    def make(g: _Builder) -> Ref:
+        x = g.quantized("xq", t, k) if quantized else g.input("x", activations(g.rng, (t, k)))
+        return g.op(Op.MATMUL_SWIGLU, x, g.weight("gate", dtype, (n, k)),
+                    g.weight("up", dtype, (n, k)))  # fmt: skip
+
+    return make
+
+
+def _unfused_ffn(dtype: DType, e: int, f: int, t: int, eps: float):
+    """A decoder's FFN block as the graph builder writes it: every fusion has a place here
+    (the norm and its weight, gate and up with their SWIGLU, down and the residual ADD)."""
+
+    def make(g: _Builder) -> Ref:
+        x = g.input("x", activations(g.rng, (t, e)))
+        h = g.op(Op.MUL, g.op(Op.RMS_NORM, x, arg=eps), g.weight("norm", F32, (e,)))
+        gate = g.op(Op.MATMUL, h, g.weight("gate", dtype, (f, e)))
+        up = g.op(Op.MATMUL, h, g.weight("up", dtype, (f, e)))
+        down = g.op(Op.MATMUL, g.op(Op.SWIGLU, gate, up), g.weight("down", dtype, (e, f)))
+        return g.op(Op.ADD, x, down)
+
+    return make
+
+
+def _unfused_qkv(dtype: DType, e: int, q: int, kv: int, t: int):
+    """Three products of one x (q, k, v): one activation quantization can serve all three."""
+
+    def make(g: _Builder) -> tuple[Ref, ...]:
+        x = g.input("x", activations(g.rng, (t, e)))
+        return tuple(g.op(Op.MATMUL, x, g.weight(n, dtype, (rows, e)))
+                     for n, rows in (("q", q), ("k", kv), ("v", kv)))  # fmt: skip
+
+    return make
+
+
 def op_suite() -> list[CaseSpec]:
     """The whole suite, in a fixed order (ids are stable across runs and machines)."""
     specs: list[CaseSpec] = []
@@ -254,4 +348,95 @@ def op_suite() -> list[CaseSpec]:
                        _rope(9, 64, 32, "neox", 512, 10000.0)))  # fmt: skip
     for width in (1000, 49152):
         specs.append(_spec(f"argmax-{width}", Op.ARGMAX, F32, _argmax(width)))
+    specs += fused_suite()
+    return specs
+
+
+def fused_suite() -> list[CaseSpec]:
+    """The fused ops and what they stand on: QUANTIZE and products of quantized x at every
+    quantized type, each fused op on every weight type and at real shapes, and the unfused
+    patterns a backend's rewrite fuses (``rewrite``: run as the backend rewrites them)."""
+    specs: list[CaseSpec] = []
+
+    def add(id: str, op: Op, dtype: DType, make: Callable, seed: int = 0, **kw: bool) -> None:
+        specs.append(_spec(id, op, dtype, make, seed=seed, **kw))
+
+    smollm, qwen = REAL_SPECS["smollm2-135m"], REAL_SPECS["qwen2.5-coder-0.5b"]
+    for k in (576, 896, 4864):
+        for t in (1, 7):
+            add(f"quantize-{k}-t{t}", Op.QUANTIZE, F32, _quantize(t, k))
+    largest: dict[DType, tuple[int, int]] = {}  # each quantized type's longest real rows
+    for dtype, n, k in real_matmul_shapes():
+        if dtype.is_quantized and k >= largest.get(dtype, (0, 0))[1]:
+            largest[dtype] = (n, k)
+    for dtype in (t for t in WEIGHT_TYPES if t.is_quantized):
+        for (n, k), t in ((largest.get(dtype, (48, 512)), 1), ((48, 512), 7)):
+            name = f"matmul-q8x-{dtype.name}-{n}x{k}-t{t}"
+            add(name, Op.MATMUL, dtype, _matmul_q8(dtype, n, k, t), seed=n + k + t)
+    for spec in (smollm, qwen):
+        width = spec.n_embd
+        add(f"rms_norm_mul-{width}", Op.RMS_NORM_MUL, F32, _rms_norm_mul(width, spec.rms_eps))
+    for dtype in WEIGHT_TYPES:
+        for t in (1, 5):
+            name = f"{dtype.name}-48x512-t{t}"
+            add(f"matmul_add-{name}", Op.MATMUL_ADD, dtype, _matmul_add(dtype, 48, 512, t))
+            add(f"matmul_swiglu-{name}", Op.MATMUL_SWIGLU, dtype, _matmul_swiglu(dtype, 48, 512, t))
+    # the real down projections with their residuals, and gate/up with their SWIGLU
+    for dtype, n, k in (
+        (DType.Q4_1, smollm.n_embd, smollm.n_ff),
+        (DType.Q6_K, qwen.n_embd, qwen.n_ff),
+    ):
+        for t in (1, 7):
+            add(
+                f"matmul_add-{dtype.name}-{n}x{k}-t{t}",
+                Op.MATMUL_ADD,
+                dtype,
+                _matmul_add(dtype, n, k, t),
+                seed=t,
+            )
+    add(
+        "matmul_add-Q5_0-bias-128x896-t3",
+        Op.MATMUL_ADD,
+        DType.Q5_0,
+        _matmul_add(DType.Q5_0, 128, 896, 3, bias=True),
+    )
+    for dtype, n, k in (
+        (DType.Q4_1, smollm.n_ff, smollm.n_embd),
+        (DType.Q5_0, MAX_ROWS, qwen.n_embd),
+    ):
+        for t in (1, 7):
+            name = f"{dtype.name}-{n}x{k}-t{t}"
+            add(
+                f"matmul_swiglu-{name}",
+                Op.MATMUL_SWIGLU,
+                dtype,
+                _matmul_swiglu(dtype, n, k, t),
+                seed=t,
+            )
+            add(
+                f"matmul_swiglu-q8x-{name}",
+                Op.MATMUL_SWIGLU,
+                dtype,
+                _matmul_swiglu(dtype, n, k, t, quantized=True),
+                seed=t,
+            )
+    # whole patterns as a decoder writes them, for the backend's rewrite to fuse
+    for spec, dtype in ((smollm, DType.Q4_1), (qwen, DType.Q5_0)):
+        e, f = spec.n_embd, min(spec.n_ff, MAX_ROWS)
+        q, kv = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
+        for t in (1, 7):
+            add(
+                f"fusion-ffn-{dtype.name}-{e}x{f}-t{t}",
+                Op.ADD,
+                dtype,
+                _unfused_ffn(dtype, e, f, t, spec.rms_eps),
+                rewrite=True,
+            )
+            add(
+                f"fusion-qkv-{dtype.name}-{e}-t{t}",
+                Op.MATMUL,
+                dtype,
+                _unfused_qkv(dtype, e, q, kv, t),
+                rewrite=True,
+            )
     return specs

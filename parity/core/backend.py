@@ -5,45 +5,62 @@ nothing. The class answers cheap questions (``available``, ``devices``, ``score`
 importing heavy modules or touching a device; an instance is created for one device only when a
 runtime is about to use it.
 
-Life of a graph on a backend::
+Life of a model on a backend::
 
-    register_weight(w) ...            once per weight, idempotent; uploaded once
-    exe = prepare(split)              once per (graph, split): kernels chosen, buffers planned
-    upload(slot, host)                per step, into buffers the runtime allocated once
-    outs = execute(exe, inputs)       per step; inputs and outputs are backend Buffers
-    download(outs[i], host_array)     readback into a caller-provided host array
-    capture(exe)                      (optional) record exe for replay (CUDA graphs)
-    release(exe)                      (optional) when the runtime evicts a plan
+    graph = rewrite(graph)            (optional) fused ops in place of their compositions
+    register_weights(ws, graphs=...)  once, at load: every weight the graphs read, uploaded
+                                      once (idempotent); derived weights may be built here
+    exe = prepare(split, inputs)      once per (graph, split): kernels chosen, buffers bound
+    -- per step --
+    upload(slot, host)                host-fed inputs, into the buffers bound at prepare
+    copy_from(slot, buffer, source)   inputs fed from an earlier step's outputs (on device)
+    execute(exe)                      reads exe.inputs, writes exe.outputs (and the states)
+    download(exe.outputs[i], host)    readback into the runtime's own host arrays
+    synchronize()                     once, before the host reads anything
+    increment(slot, shape, 1)         (positions kept on the device advance for the next step)
+    -- now and then --
+    capture(exe) -> replayable exe    (optional) once a step has run a few times (CUDA graphs)
+    zero(state)                       a new sequence
+    release(exe)                      when the runtime evicts a plan
 
-Stable buffers: for one executable the runtime passes the same buffer objects on every call
-(it refills its own input slots in place and keeps state buffers for the runtime's life), and
-values produced by an earlier split are the buffers that split returned. A backend whose
-``execute`` returns the same output buffers every call (as a captured graph does) therefore
-gets fully stable inputs downstream, which is what makes a captured replay valid.
+Buffers are bound once. ``prepare`` receives every buffer the split reads (input slots, KV
+cache states, the outputs of earlier splits) and makes the buffers it writes; ``execute`` takes
+no buffers at all. Between steps the runtime refills the bound input buffers in place, so a
+captured executable, which records those very buffers, always replays on current data: replaying
+on stale addresses is impossible by construction, because there is no way to hand ``execute``
+others.
+
+Ordering: a backend may enqueue ``upload``, ``copy_from``, ``execute``, ``download``, ``zero``
+and ``increment`` on one queue (a CUDA stream) and return at once; they must take effect in the
+order called. The runtime calls ``synchronize`` once per step, after the last download and before
+the host reads any result, and before it reads a host array it staged a cross-backend copy in.
+Host arrays handed to ``upload`` are left unchanged until the next ``synchronize``.
 
 Idempotence: running a split twice on the same inputs gives the same outputs and leaves states
 as one run does (KV_WRITE rewrites the same rows). Capture verification relies on it.
 
 Buffers are whatever the backend uses for device memory (a numpy array on cpu, a torch tensor on
-a GPU); the core only passes them back to the backend that made them.
+a GPU); the core only passes them back to the backend that made them. Their host form (what
+``upload`` reads and ``download`` writes) is ``parity.core.dtypes.host_layout``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import attrs
 import numpy as np
 
-from parity.core.dtypes import DType
+from parity.core.dtypes import DType, host_empty, host_zeros
 from parity.core.ir import Graph, Node
 from parity.core.weights import WeightData
 
-PLUGIN_API_VERSION = 1
+PLUGIN_API_VERSION = 2
 NUMERICS = ("exact", "fast")
 
 Buffer = Any
+Progress = Callable[[int, int], None]  # (bytes done, bytes in all)
 
 
 @attrs.frozen
@@ -83,11 +100,29 @@ class Split:
     outputs: tuple[int, ...]
 
 
+class Executable:
+    """A split prepared on a backend and bound to its buffers, as ``prepare`` returns it.
+
+    ``inputs`` maps every non-WEIGHT id of ``split.inputs`` to the buffer ``prepare`` was given
+    for it; ``outputs`` maps every id of ``split.outputs`` to the buffer ``execute`` writes its
+    value into (a KV_WRITE's value is its cache: the STATE buffer itself). Both are fixed for
+    the executable's life. Backends subclass this to keep their programs beside the buffers.
+    """
+
+    def __init__(
+        self, split: Split, inputs: Mapping[int, Buffer], outputs: Mapping[int, Buffer]
+    ) -> None:
+        self.split = split
+        self.inputs = inputs
+        self.outputs = outputs
+
+
 @attrs.frozen
 class CaptureResult:
-    """The answer to ``capture``: a replayable executable, or the reason there is none."""
+    """The answer to ``capture``: a replayable executable (bound to the captured one's very
+    buffers), or the reason there is none."""
 
-    executable: Any = None
+    executable: Executable | None = None
     reason: str = ""
 
     @property
@@ -126,6 +161,7 @@ class Backend:
         self.numerics = numerics
         self.options = dict(options or {})
         self.weights: dict[str, WeightData] = {}
+        self._host_arrays: dict[tuple[DType, tuple[int, ...], str], np.ndarray] = {}
 
     # -- discovery: classmethods, cheap, no device work ------------------------------------
 
@@ -153,28 +189,56 @@ class Backend:
         raise NotImplementedError("need load_weight")
 
     def alloc(self, dtype: DType, shape: tuple[int, ...]) -> Buffer:
-        """A zero-filled buffer on this backend's device."""
+        """A zero-filled buffer on this backend's device for a value of ``dtype`` and ``shape``."""
         raise NotImplementedError("need alloc")
 
     def upload(self, buffer: Buffer, host: np.ndarray) -> None:
-        """Copy ``host`` into the existing ``buffer`` (same dtype and shape)."""
+        """Copy ``host`` (``host_layout`` of the buffer's value) into the existing ``buffer``."""
         raise NotImplementedError("need upload")
 
     def download(self, buffer: Buffer, out: np.ndarray) -> None:
-        """Copy ``buffer`` into the caller's host array ``out`` (same dtype and shape); the
-        data is in ``out`` when this returns."""
+        """Copy ``buffer`` into the host array ``out`` (its ``host_layout``); the data is in
+        ``out`` after the next ``synchronize`` (at once, for a backend without a queue)."""
         raise NotImplementedError("need download")
 
-    def prepare(self, split: Split) -> Any:
-        """Turn a split into an executable for ``execute``; called once per (graph, split)."""
+    def prepare(self, split: Split, inputs: Mapping[int, Buffer]) -> Executable:
+        """Bind a split to its buffers: ``inputs`` maps each of ``split.inputs`` that is not a
+        WEIGHT to the buffer it reads (STATE buffers are updated in place). Allocate the output
+        buffers here, choose kernels, plan scratch; called once per (graph, split)."""
         raise NotImplementedError("need prepare")
 
-    def execute(self, executable: Any, inputs: Mapping[int, Buffer]) -> dict[int, Buffer]:
-        """Run a prepared split. ``inputs`` maps each of ``split.inputs`` that is not a WEIGHT
-        to a buffer (STATE buffers are updated in place); returns ``split.outputs``' buffers."""
+    def execute(self, executable: Executable) -> None:
+        """Run a prepared split on its bound buffers (may return before the work is done)."""
         raise NotImplementedError("need execute")
 
     # -- optional ---------------------------------------------------------------------------
+
+    def rewrite(self, graph: Graph) -> Graph:
+        # (optional) the graph this backend runs in place of ``graph``, applied before
+        # scheduling when this backend is the runtime's first choice: fused ops for their
+        # compositions (parity.core.fusion), each a node the backend supports; the result
+        # records its nodes' origin. Must keep every output's value.
+        return graph
+
+    def register_weights(
+        self,
+        weights: Sequence[WeightData],
+        *,
+        graphs: Sequence[Graph] = (),
+        progress: Progress | None = None,
+    ) -> None:
+        # (optional) register many weights at once, at model load, before the first request.
+        # ``graphs`` are the graphs (rewritten) that will read them on this backend: the place
+        # to build derived weights (gate and up concatenated for a fused FFN), deciding whether
+        # one can be built from dtypes and shapes alone. ``progress(done, total)`` counts bytes.
+        # The default registers one weight at a time.
+        total = sum(w.nbytes for w in weights)
+        done = 0
+        for w in weights:
+            self.register_weight(w)
+            done += w.nbytes
+            if progress is not None:
+                progress(done, total)
 
     def op_numerics(self, node: Node, srcs: Sequence[Node]) -> str:
         # (optional) "exact" or "fast": how this backend would compute a node it supports.
@@ -186,24 +250,50 @@ class Backend:
         # (optional) a precise reason for the explain plan when supports_op says no
         return f"{self.name} has no kernel for {node.op.name} on {describe_sources(srcs)}"
 
-    def alloc_host(self, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-        # (optional) a host array for staging this backend's transfers (pinned on a GPU)
-        return np.empty(shape, dtype)
+    def alloc_host(self, dtype: DType, shape: tuple[int, ...]) -> np.ndarray:
+        # (optional) a host array for this backend's transfers, in the value's host_layout
+        # (pinned memory on a GPU); the runtime allocates its step buffers with it, once
+        return host_empty(dtype, shape)
 
     def copy_from(self, dst: Buffer, src: Buffer, source: Backend) -> bool:
-        # (optional) copy another backend's buffer into ``dst`` without a host round trip
-        # (e.g. two backends sharing one GPU); False makes the runtime go through the host
+        # (optional) copy a buffer into ``dst`` without a host round trip: ``source`` is the
+        # backend that made ``src`` (this one, or another sharing its device). False makes the
+        # runtime go through the host
         return False
+
+    def zero(self, buffer: Buffer, dtype: DType, shape: tuple[int, ...]) -> None:
+        # (optional) set a buffer to zeros (a KV cache, for a new sequence). Override with a
+        # device fill; this default uploads zeros from a host array made once per shape
+        self.upload(buffer, self._host_array(dtype, shape, "zeros"))
+
+    def increment(self, buffer: Buffer, shape: tuple[int, ...], by: int) -> None:
+        # (optional) add ``by`` to every element of an I32 buffer in place (positions kept on
+        # the device, advancing one decode step at a time). Override with a device kernel;
+        # this default goes through the host and waits for it
+        host = self._host_array(DType.I32, shape, "counter")
+        self.download(buffer, host)
+        self.synchronize()
+        host += by
+        self.upload(buffer, host)
+        self.synchronize()
+
+    def _host_array(self, dtype: DType, shape: tuple[int, ...], use: str) -> np.ndarray:
+        key = (dtype, tuple(shape), use)
+        if key not in self._host_arrays:
+            self._host_arrays[key] = host_zeros(dtype, shape)
+        return self._host_arrays[key]
 
     def synchronize(self) -> None:
         # (optional) wait for queued device work; eager backends have none
         return None
 
-    def capture(self, executable: Any) -> CaptureResult:
-        # (optional) record an executable for replay (CUDA graphs); say why when you cannot
+    def capture(self, executable: Executable) -> CaptureResult:
+        # (optional) record an executable for replay (CUDA graphs): the replay must read
+        # executable.inputs and write executable.outputs, the buffers bound at prepare; say
+        # why when you cannot
         return CaptureResult(reason=f"{self.name} does not capture graphs")
 
-    def release(self, executable: Any) -> None:
+    def release(self, executable: Executable) -> None:
         # (optional) free what prepare/capture allocated for an executable the runtime evicts
         return None
 

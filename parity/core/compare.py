@@ -9,6 +9,8 @@ import math
 import attrs
 import numpy as np
 
+from parity.core.dtypes import Q8A_BLOCK
+
 
 def _ordered(bits: np.ndarray) -> np.ndarray:
     """float32 bit patterns -> integers whose order and differences follow the float line
@@ -50,9 +52,18 @@ class NodeDiff:
         )
 
 
+def _as_floats(blocks: np.ndarray) -> np.ndarray:
+    """Q8A blocks as float32 (..., 34): d, s and the quants (exact as floats), so that a wrong
+    quant is a difference and NaN scales compare as NaN positions."""
+    q = blocks["q"].astype(np.float32)
+    return np.concatenate([blocks["d"][..., None], blocks["s"][..., None], q], axis=-1)
+
+
 def diff_arrays(node: int, op: str, a: np.ndarray, b: np.ndarray) -> NodeDiff:
     if a.shape != b.shape:
         raise ValueError(f"node %{node} {op}: shapes differ, {a.shape} vs {b.shape}")
+    if a.dtype == Q8A_BLOCK:
+        a, b = _as_floats(a), _as_floats(b)
     if a.dtype.kind == "f":
         a = np.ascontiguousarray(a, dtype=np.float32)
         b = np.ascontiguousarray(b, dtype=np.float32)

@@ -1,8 +1,11 @@
-"""Element types of graph values and weights, with the GGUF block layouts of quantized types."""
+"""Element types of graph values and weights, with the GGUF block layouts of quantized types, and
+the host layout of every value type (what ``download`` fills and ``upload`` reads)."""
 
 from __future__ import annotations
 
 import enum
+
+import numpy as np
 
 
 class DType(enum.Enum):
@@ -15,6 +18,7 @@ class DType(enum.Enum):
     # value types of activations
     F32 = 0
     I32 = 26
+    Q8A = 1000  # quantized activations: int8 per element, a float32 scale and sum per 32-block
     # float weight types
     F16 = 1
     BF16 = 30
@@ -75,11 +79,44 @@ QUANT_LAYOUT = {
 
 WEIGHT_TYPES = (DType.F32, DType.F16, DType.BF16, *QUANT_LAYOUT)
 
+VALUE_TYPES = (DType.F32, DType.I32, DType.Q8A)
+
 _NUMPY = {DType.F32: "float32", DType.I32: "int32", DType.F16: "float16"}
+
+QK = 32  # elements per activation block (docs/numerics.md, "Activation quantization")
+Q8A_BLOCK = np.dtype([("d", "<f4"), ("s", "<f4"), ("q", "i1", (QK,))])
+"""The host layout of one Q8A block: its scale d, its scaled sum s = fl(d * sum(q)), its quants."""
 
 
 def numpy_dtype(dtype: DType) -> str:
-    """The numpy dtype of a graph value of this type (activations are F32 or I32)."""
+    """The numpy dtype of an element of a graph value of this type (F32, I32)."""
     if dtype not in _NUMPY:
-        raise ValueError(f"{dtype.name} is a packed weight type, not a value type")
+        what = (
+            "quantized activations (see host_layout)"
+            if dtype is DType.Q8A
+            else "a packed weight type"
+        )
+        raise ValueError(f"{dtype.name} is {what}, not an element type")
     return _NUMPY[dtype]
+
+
+def host_layout(dtype: DType, shape: tuple[int, ...]) -> tuple[np.dtype, tuple[int, ...]]:
+    """(numpy dtype, shape) of a graph value's host array: the value's own for F32 and I32; for
+    Q8A of logical shape (T, K), T rows of K/32 ``Q8A_BLOCK`` records."""
+    if dtype is DType.Q8A:
+        if len(shape) != 2 or shape[1] % QK:
+            raise ValueError(f"Q8A values are (rows, K) with K a multiple of {QK}, got {shape}")
+        return Q8A_BLOCK, (shape[0], shape[1] // QK)
+    return np.dtype(numpy_dtype(dtype)), tuple(shape)
+
+
+def host_empty(dtype: DType, shape: tuple[int, ...]) -> np.ndarray:
+    """An uninitialised host array for a graph value of ``dtype`` and ``shape``."""
+    np_dtype, host_shape = host_layout(dtype, shape)
+    return np.empty(host_shape, np_dtype)
+
+
+def host_zeros(dtype: DType, shape: tuple[int, ...]) -> np.ndarray:
+    """A zero-filled host array for a graph value of ``dtype`` and ``shape``."""
+    np_dtype, host_shape = host_layout(dtype, shape)
+    return np.zeros(host_shape, np_dtype)

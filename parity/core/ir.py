@@ -10,7 +10,13 @@ Every node is a frozen, hashable ``Node(op, dtype, shape, src, arg)``: ``src`` i
 ids, ``arg`` the op's static arguments (a scalar, a string or a frozen ``*Arg`` below). Leaves
 (INPUT, WEIGHT, STATE) name the value they stand for and come first, at the head of the graph:
 nothing is fed into the middle of a graph, so a whole forward pass can run as one split.
-Activations are 2-D ``(n_tokens, width)`` float32; ids and positions are 1-D int32.
+Activations are 2-D ``(n_tokens, width)`` float32 (or Q8A, the same rows quantized); ids and
+positions are 1-D int32.
+
+Fused ops are first-class: each is defined as an exact composition of the others (``FUSED``,
+docs/numerics.md "Fused ops"), so a fused kernel gives the unfused oracle's bits. A backend's
+``rewrite`` introduces them (``parity.core.fusion``); a rewritten graph records, per node, the
+node of the graph it was rewritten from whose value it computes (``Graph.origin``).
 
 ``infer`` states each op's signature once; the builder uses it to type new nodes and ``verify``
 uses it to re-check a whole graph. What each op computes, bit for bit, is docs/numerics.md and
@@ -45,8 +51,10 @@ class Op(enum.Enum):
     SWIGLU = enum.auto()  # silu(gate) * up
     # normalization
     RMS_NORM = enum.auto()  # arg: eps
-    # matrix products: (x, weight[, bias]) -> x @ weight.T (+ bias)
+    # matrix products: (x, weight[, bias]) -> x @ weight.T (+ bias); x is F32, or Q8A (already
+    # quantized) when the weight is quantized
     MATMUL = enum.auto()
+    QUANTIZE = enum.auto()  # F32 x -> Q8A: the activation quantization MATMUL does, done once
     # positions
     ROPE = enum.auto()  # (x, positions, cos, sin); arg: RopeArg
     # attention: KV_WRITE updates a cache in place; ATTENTION reads the updated caches
@@ -54,6 +62,10 @@ class Op(enum.Enum):
     ATTENTION = enum.auto()  # (q, k_cache, v_cache, positions); arg: AttentionArg
     # reductions
     ARGMAX = enum.auto()  # per row, first index of the maximum
+    # fused: exact compositions of the ops above (FUSED says which)
+    RMS_NORM_MUL = enum.auto()  # (x, w); arg eps: MUL(RMS_NORM(x, eps), w)
+    MATMUL_ADD = enum.auto()  # (x, weight[, bias], r): ADD(r, MATMUL(x, weight[, bias]))
+    MATMUL_SWIGLU = enum.auto()  # (x, w_gate, w_up): SWIGLU(MATMUL(x, w_gate), MATMUL(x, w_up))
 
     @property
     def is_leaf(self) -> bool:
@@ -61,6 +73,14 @@ class Op(enum.Enum):
 
 
 LEAVES = frozenset({Op.INPUT, Op.WEIGHT, Op.STATE})
+# fused op -> the composition it stands for, as the explain plan and the docs name it
+FUSED = {
+    Op.RMS_NORM_MUL: "RMS_NORM + MUL",
+    Op.MATMUL_ADD: "MATMUL + ADD",
+    Op.MATMUL_SWIGLU: "MATMUL + MATMUL + SWIGLU",
+}
+# ops that multiply by a weight matrix, and where their x and weight sources are
+MATMULS = frozenset({Op.MATMUL, Op.MATMUL_ADD, Op.MATMUL_SWIGLU})
 
 
 @attrs.frozen
@@ -101,10 +121,26 @@ class Node:
 
 @attrs.frozen(cache_hash=True)
 class Graph:
-    """Nodes in topological order (a node's id is its index) and the ids of its outputs."""
+    """Nodes in topological order (a node's id is its index) and the ids of its outputs.
+
+    ``origin`` is set on a rewritten graph (``Backend.rewrite``): per node, the id in the graph
+    it was rewritten from of the node whose value it computes (a fused node: the root of the
+    composition it replaces), or -1 for a node that graph has no value for (a QUANTIZE).
+    """
 
     nodes: tuple[Node, ...]
     outputs: tuple[int, ...]
+    origin: tuple[int, ...] | None = None
+
+    def original(self, node: int) -> int:
+        """The id in the original graph of the value ``node`` computes (-1: none)."""
+        return node if self.origin is None else self.origin[node]
+
+    def rewritten(self) -> dict[int, int]:
+        """Original node id -> the id here of the node computing its value."""
+        if self.origin is None:
+            return {i: i for i in range(len(self.nodes))}
+        return {o: i for i, o in enumerate(self.origin) if o >= 0}
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -138,6 +174,22 @@ def _positions(op: Op, n: Node, rows: int) -> None:
     _need(n.dtype is DType.I32 and n.shape == (rows,), op, f"positions must be i32[{rows}]")
 
 
+def _exact_eps(arg: Any) -> bool:
+    return isinstance(arg, float) and arg > 0 and float(np.float32(arg)) == arg
+
+
+def _matmul_operands(op: Op, x: Node, w: Node) -> None:
+    _need(w.op is Op.WEIGHT and len(w.shape) == 2, op, "the matrix must be a 2-D weight")
+    _need(w.dtype in WEIGHT_TYPES, op, f"{w.dtype.name} is not a weight type")
+    if x.dtype is DType.Q8A:
+        _need(w.dtype.is_quantized, op, f"Q8A x needs a quantized weight, not {w.dtype.name}")
+        _need(len(x.shape) == 2, op, "x must be (rows, width)")
+    else:
+        _rows(op, x, "x")
+    _need(x.shape[1] == w.shape[1], op, f"x width {x.shape[1]} != weight cols {w.shape[1]}")
+    _need(w.shape[1] % w.dtype.block_size == 0, op, "weight cols must fill whole blocks")
+
+
 # sources each op takes (MATMUL: 2 or 3, with a bias)
 ARITY = {
     Op.GET_ROWS: 2,
@@ -151,14 +203,21 @@ ARITY = {
     Op.KV_WRITE: 3,
     Op.ATTENTION: 4,
     Op.ARGMAX: 1,
+    Op.QUANTIZE: 1,
+    Op.RMS_NORM_MUL: 2,
+    Op.MATMUL_SWIGLU: 3,
 }
+# ops whose source count varies: (fewest, most), the optional source being a bias
+VARIADIC = {Op.MATMUL: (2, 3), Op.MATMUL_ADD: (3, 4)}
 
 
 def infer(op: Op, srcs: Sequence[Node], arg: Any) -> tuple[DType, tuple[int, ...]]:
     """The (dtype, shape) of ``op`` applied to ``srcs``; GraphError if the signature is wrong."""
     _need(not op.is_leaf, op, "leaves have no sources; use the builder's leaf methods")
-    if op is Op.MATMUL:
-        _need(len(srcs) in (2, 3), op, f"takes (x, weight[, bias]), got {len(srcs)} sources")
+    if op in VARIADIC:
+        lo, hi = VARIADIC[op]
+        form = "(x, weight[, bias])" if op is Op.MATMUL else "(x, weight[, bias], residual)"
+        _need(lo <= len(srcs) <= hi, op, f"takes {form}, got {len(srcs)} sources")
     else:
         _need(len(srcs) == ARITY[op], op, f"takes {ARITY[op]} sources, got {len(srcs)}")
 
@@ -196,25 +255,49 @@ def infer(op: Op, srcs: Sequence[Node], arg: Any) -> tuple[DType, tuple[int, ...
         _rows(op, x, "source")
         if op is Op.RMS_NORM:
             _need(
-                isinstance(arg, float) and arg > 0 and float(np.float32(arg)) == arg,
+                _exact_eps(arg),
                 op,
                 "arg must be eps, a positive float exactly representable in float32",
             )
         return DType.F32, x.shape
-    if op is Op.MATMUL:
-        x, w = srcs[:2]
-        _rows(op, x, "x")
-        _need(w.op is Op.WEIGHT and len(w.shape) == 2, op, "source 1 must be a 2-D weight")
-        _need(w.dtype in WEIGHT_TYPES, op, f"{w.dtype.name} is not a weight type")
-        _need(x.shape[1] == w.shape[1], op, f"x width {x.shape[1]} != weight cols {w.shape[1]}")
-        _need(w.shape[1] % w.dtype.block_size == 0, op, "weight cols must fill whole blocks")
-        if len(srcs) == 3:
+    if op in MATMULS:
+        x = srcs[0]
+        weights = srcs[1:3] if op is Op.MATMUL_SWIGLU else srcs[1:2]
+        for w in weights:
+            _matmul_operands(op, x, w)
+        n = weights[0].shape[0]
+        if op is Op.MATMUL_SWIGLU:
+            _need(weights[1].shape == weights[0].shape, op, "gate and up weights differ in shape")
+            return DType.F32, (x.shape[0], n)
+        rest = srcs[2:]
+        if op is Op.MATMUL_ADD:
+            r = rest[-1]
             _need(
-                srcs[2].dtype is DType.F32 and srcs[2].shape == (w.shape[0],),
+                r.dtype is DType.F32 and r.shape == (x.shape[0], n),
                 op,
-                f"bias must be f32[{w.shape[0]}]",
+                f"the residual must be f32[{x.shape[0]}, {n}]",
             )
-        return DType.F32, (x.shape[0], w.shape[0])
+            rest = rest[:-1]
+        if rest:
+            _need(
+                rest[0].dtype is DType.F32 and rest[0].shape == (n,), op, f"bias must be f32[{n}]"
+            )
+        return DType.F32, (x.shape[0], n)
+    if op is Op.QUANTIZE:
+        (x,) = srcs
+        _rows(op, x, "source")
+        _need(x.shape[1] % 32 == 0, op, "rows must fill whole 32-element blocks")
+        return DType.Q8A, x.shape
+    if op is Op.RMS_NORM_MUL:
+        x, w = srcs
+        _rows(op, x, "x")
+        _need(
+            _exact_eps(arg),
+            op,
+            "arg must be eps, a positive float exactly representable in float32",
+        )
+        _need(w.dtype is DType.F32 and w.shape == x.shape[1:], op, f"w must be f32[{x.shape[1]}]")
+        return DType.F32, x.shape
     if op is Op.ROPE:
         x, pos, cos, sin = srcs
         _rows(op, x, "x")
@@ -272,7 +355,7 @@ def infer(op: Op, srcs: Sequence[Node], arg: Any) -> tuple[DType, tuple[int, ...
 
 # the element types each kind of leaf may have
 LEAF_TYPES = {
-    Op.INPUT: (DType.F32, DType.I32),
+    Op.INPUT: (DType.F32, DType.I32, DType.Q8A),
     Op.WEIGHT: WEIGHT_TYPES,
     Op.STATE: (DType.F32,),
 }
@@ -314,6 +397,12 @@ def verify(graph: Graph) -> None:
                 f"{where}: declared {node.dtype.name}{list(node.shape)}, "
                 f"its sources give {dtype.name}{list(shape)}"
             )
+    if graph.origin is not None:
+        if len(graph.origin) != len(graph.nodes):
+            raise GraphError(f"origin lists {len(graph.origin)} nodes, the graph has {len(graph)}")
+        known = [o for o in graph.origin if o >= 0]
+        if len(set(known)) != len(known) or any(o < -1 for o in graph.origin):
+            raise GraphError("origin must name each original node at most once (or -1)")
     users = graph.consumers()
     for s in graph.leaves(Op.STATE).values():
         if [graph.nodes[u].op for u in users[s]] != [Op.KV_WRITE]:

@@ -144,7 +144,22 @@ def _check_backend_class(cls: type, registry: Registry) -> None:
         )
 
 
+_loaded: Registry | None = None
+
+
 def load_backends(env: Mapping[str, str] | None = None) -> Registry:
-    """The installed backends: built-ins and entry points, broken plugins reported."""
-    pm, broken = plugin_manager(env)
-    return collect_backends(pm, broken)
+    """The installed backends: built-ins and entry points, broken plugins reported (one warning
+    each). Loaded once per process from ``os.environ``; an explicit ``env`` loads afresh."""
+    global _loaded
+    if env is not None:
+        return collect_backends(*plugin_manager(env))
+    if _loaded is None:
+        _loaded = collect_backends(*plugin_manager(os.environ))
+    return _loaded
+
+
+def forget_backends() -> None:
+    """Make the next ``load_backends()`` load the plugins again (after installing or removing
+    one in this process, as tests do)."""
+    global _loaded
+    _loaded = None

@@ -1,37 +1,48 @@
-"""Run graphs on a set of backends: plan once per graph, register weights once, keep states
-(KV caches) across steps, move values between splits, read results back into host arrays.
+"""Run graphs on a set of backends: rewrite and plan once per graph, register weights once, keep
+states (KV caches) across steps, bind every buffer once, move values between splits, read
+results back into host arrays the runtime owns.
 
-Buffers are stable: every input slot, cross-backend copy target and state buffer is allocated
-once and refilled in place, so a backend may capture an executable and replay it.
+A graph is run through its ``Step`` (``Runtime.step``): the graph rewritten by the first
+backend, scheduled, and prepared on its backends with every buffer bound, plus host buffers for
+its inputs and outputs allocated once with the backends' ``alloc_host`` (pinned memory on a
+GPU). A caller writes token ids and positions into ``step.inputs``, calls ``step.run()`` and
+reads ``step.outputs``; a decode step allocates nothing. An input can instead be fed on the
+device: from an earlier step's output (``feed``: the ARGMAX of step t is the tokens of step
+t+1) or kept on the device and advanced there after each run (``keep``: positions), so greedy
+decode on a device reads back one 4-byte token per step and moves nothing else.
 
-Graph capture policy (DESIGN.md): a split is offered to its backend's ``capture`` once the same
-(graph, split) has run a third time; one-shot work never pays for capture. ``run(capture=...)``
-overrides the runtime's default per call (the model layer uses it to keep prefill eager when
-asked). With ``verify_capture`` the first replay is compared bit for bit with the eager run of
-that step, and a mismatch keeps the split eager, with the reason in ``capture_status``.
+Inputs are checked before any backend sees them: ids against the table they index, positions
+against the context (``InputError``), so a device gather never reads out of bounds.
+
+Graph capture policy (DESIGN.md): a split is offered to its backend's ``capture`` once it has
+run a third time; one-shot work never pays for capture. ``run(capture=...)`` overrides the
+step's default per call. With ``verify_capture`` the first replay is compared bit for bit with
+the eager run of that step, and a mismatch keeps the split eager, with the reason in
+``capture_status``.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import numpy as np
 
-from parity.core.backend import Backend, Buffer
-from parity.core.dtypes import numpy_dtype
+from parity.core.backend import Backend, Buffer, Executable, Progress
+from parity.core.dtypes import host_empty
 from parity.core.ir import Graph, Node, Op
 from parity.core.scheduler import HOST, Plan, schedule
 from parity.core.weights import WeightData
-from parity.errors import BackendError
+from parity.errors import BackendError, GraphError, InputError
 
 CAPTURE_AFTER_RUNS = 3
+Action = tuple[Callable[..., Any], tuple[Any, ...]]
 
 
-@attrs.define
+@attrs.define(eq=False)
 class _State:
     """A persistent buffer (a KV cache) with one copy per backend that has used it."""
 
@@ -40,16 +51,366 @@ class _State:
     owner: str  # the backend whose copy is current
 
 
-@attrs.define
-class _Prepared:
-    plan: Plan
-    executables: list[Any]
-    runs: list[int]
-    capture_reason: list[str]  # per split: why it is not captured ("" once captured)
-    capture_tried: list[bool]
-    slots: dict[tuple[int, str], Buffer]  # (node, backend) -> input slot or copy target
-    staging: dict[int, np.ndarray]  # host arrays for cross-backend copies
-    inputs: dict[str, int]  # INPUT leaf name -> node id
+@attrs.frozen
+class Bound:
+    """What an input may hold: values in 0..limit-1 (None: anything), distinct within a step
+    when ``distinct``; ``what`` names the limit for the user."""
+
+    limit: int | None = None
+    distinct: bool = False
+    what: str = ""
+
+
+def input_bounds(graph: Graph) -> dict[str, Bound]:
+    """Per INPUT leaf, the range its values must lie in, from the ops that read them: ids a
+    table's rows, positions the RoPE tables, the KV caches and what attention reads."""
+    indexes = {  # op -> (source read as indices, source whose rows they index, what)
+        Op.GET_ROWS: (1, 0, "the rows of {table} (the vocabulary)"),
+        Op.ROPE: (1, 2, "the RoPE tables of {rows} positions"),
+        Op.KV_WRITE: (2, 0, "the context of {rows} positions (the KV cache)"),
+        Op.ATTENTION: (3, 1, "the context of {rows} positions (the KV cache)"),
+    }
+    bounds: dict[str, Bound] = {}
+    for node in graph.nodes:
+        if node.op not in indexes:
+            continue
+        at, table, what = indexes[node.op]
+        src = graph.nodes[node.src[at]]
+        if src.op is not Op.INPUT:
+            continue
+        rows = graph.nodes[node.src[table]]
+        known = bounds.get(src.arg, Bound())
+        limit = rows.shape[0]
+        if known.limit is None or limit < known.limit:
+            text = what.format(table=rows.arg or f"%{node.src[table]}", rows=limit)
+            known = Bound(limit, known.distinct, text)
+        bounds[src.arg] = attrs.evolve(known, distinct=known.distinct or node.op is Op.KV_WRITE)
+    return bounds
+
+
+@attrs.define(eq=False)
+class _Split:
+    backend: Backend
+    eager: Executable
+    executable: Executable  # the eager one, or its captured replay
+    copies: list[Action]  # cross-backend copies into this split's slots, before it runs
+    runs: int = 0
+    tried: bool = False
+    reason: str = ""
+
+
+@attrs.define(eq=False)
+class _Feed:
+    """How one INPUT reaches its slots: ``host`` (uploaded every run), ``device`` (copied from
+    another step's output before every run) or ``kept`` (uploaded once, then left on the device
+    and advanced by ``advance`` after every run)."""
+
+    kind: str = "host"
+    source: Step | None = None
+    node: int = -1
+    advance: int = 0
+    fresh: bool = True  # kept: the host value still has to be uploaded
+    high: int = 0  # kept: the largest value on the device, tracked on the host
+
+
+class Step:
+    """One graph prepared on a runtime. Write ``inputs`` (host arrays by input name), ``run``,
+    read ``outputs`` (host arrays by node id of the graph as given: its outputs and the exposed
+    nodes the rewrite kept). Buffers are the runtime's: valid until the next run."""
+
+    def __init__(self, runtime: Runtime, graph: Graph, expose: tuple[int, ...]) -> None:
+        for i in expose:
+            if not (0 <= i < len(graph.nodes)) or graph.nodes[i].op.is_leaf:
+                raise GraphError(
+                    f"cannot expose %{i}: only computed nodes have values to read back"
+                )
+        self.runtime = runtime
+        self.graph = graph
+        self.rewritten = runtime.rewrite(graph)
+        new_id = self.rewritten.rewritten()
+        missing = [o for o in graph.outputs if o not in new_id]
+        if missing:
+            raise BackendError(f"the rewrite lost the value of output(s) {missing}")
+        self.exposed = tuple(i for i in expose if i in new_id and i not in graph.outputs)
+        wanted = tuple(dict.fromkeys((*graph.outputs, *self.exposed)))
+        self.plan = runtime.schedule(self.rewritten, tuple(new_id[i] for i in self.exposed))
+        self.bounds = input_bounds(self.rewritten)
+        self._capture = runtime.capture
+        self._prepare(runtime, {new_id[i]: i for i in wanted})
+
+    # -- building -----------------------------------------------------------------------------
+
+    def _prepare(self, rt: Runtime, wanted: Mapping[int, int]) -> None:
+        graph, plan = self.rewritten, self.plan
+        rt.register_plan(plan)
+        slots: dict[tuple[int, str], Buffer] = {}  # (node, backend) -> input slot or copy target
+        produced: dict[int, tuple[Backend, Buffer]] = {}  # computed node -> its buffer
+        self._feeds: dict[str, _Feed] = {}
+        self._input_slots: dict[str, list[tuple[Backend, Buffer]]] = {}
+        host_inputs: dict[str, np.ndarray] = {}
+        splits: list[_Split] = []
+        layout = []
+        copies = list(plan.copies)
+        for split in plan.splits:
+            backend = rt.by_name[split.backend]
+            split_copies: list[Action] = []
+            for c in [c for c in copies if c.split == split.index]:
+                node = graph.nodes[c.node]
+                slot = slots[c.node, c.dst] = backend.alloc(node.dtype, node.shape)
+                if c.src == HOST:
+                    name = node.arg
+                    self._input_slots.setdefault(name, []).append((backend, slot))
+                    if name not in host_inputs:
+                        host_inputs[name] = backend.alloc_host(node.dtype, node.shape)
+                        self._feeds[name] = _Feed()
+                    continue
+                source, buffer = produced[c.node]
+                split_copies.append(rt.transfer(source, buffer, backend, slot, node))
+            inputs: dict[int, Buffer] = {}
+            for s in split.inputs:
+                node = graph.nodes[s]
+                if node.op is Op.WEIGHT:
+                    continue
+                if node.op is Op.STATE:
+                    inputs[s] = rt.state_buffer(node, backend)
+                    layout.append((node.arg, backend.name))
+                elif (s, backend.name) in slots:
+                    inputs[s] = slots[s, backend.name]
+                else:  # computed by an earlier split on this same backend
+                    inputs[s] = produced[s][1]
+            exe = backend.prepare(split, inputs)
+            if set(exe.outputs) != set(split.outputs):
+                raise BackendError(
+                    f"{backend.name}.prepare returned buffers for {sorted(exe.outputs)}, the "
+                    f"split's outputs are {sorted(split.outputs)}"
+                )
+            for i in split.outputs:
+                produced[i] = (backend, exe.outputs[i])
+            reason = "not run often enough yet" if self._capture else "capture is off"
+            splits.append(_Split(backend, exe, exe, split_copies, reason=reason))
+        self._splits = splits
+        self._layout = rt.intern_layout(tuple(layout))
+        self._produced = produced
+        self.inputs: Mapping[str, np.ndarray] = host_inputs
+        outputs: dict[int, np.ndarray] = {}
+        downloads: list[Action] = []
+        for new, old in wanted.items():
+            backend, buffer = produced[new]
+            node = graph.nodes[new]
+            outputs[old] = backend.alloc_host(node.dtype, node.shape)
+            downloads.append((backend.download, (buffer, outputs[old])))
+        self.outputs: Mapping[int, np.ndarray] = outputs
+        self._downloads = downloads
+        self._sync = tuple(dict.fromkeys(s.backend for s in splits))
+        self._build_feeds()
+
+    def _build_feeds(self) -> None:
+        """The per-run actions of the inputs, from their feeds."""
+        host: list[Action] = []
+        before: list[Action] = []
+        after: list[Action] = []
+        for name, feed in self._feeds.items():
+            for backend, slot in self._input_slots[name]:
+                if feed.kind == "host":
+                    host.append((backend.upload, (slot, self.inputs[name])))
+                elif feed.kind == "device":
+                    source, buffer = feed.source.buffer_of(feed.node)
+                    node = self.rewritten.nodes[self.rewritten.leaves(Op.INPUT)[name]]
+                    before.append(self.runtime.transfer(source, buffer, backend, slot, node))
+                else:
+                    shape = self.inputs[name].shape
+                    after.append((backend.increment, (slot, shape, feed.advance)))
+        self._host_actions = host
+        self._device_actions = before
+        self._advance_actions = after
+        self._kept = [(name, f) for name, f in self._feeds.items() if f.kind == "kept"]
+        self._checked = [
+            (name, self.inputs[name], self.bounds[name], feed)
+            for name, feed in self._feeds.items()
+            if name in self.bounds
+        ]
+
+    def buffer_of(self, node: int) -> tuple[Backend, Buffer]:
+        """The backend and device buffer holding the value of ``node`` (an id of ``graph``; one
+        of its outputs or exposed nodes) after a run."""
+        new = self.rewritten.rewritten().get(node)
+        if new is None or new not in self._produced:
+            raise BackendError(f"%{node} is not an output of this step; expose it")
+        return self._produced[new]
+
+    # -- feeds ------------------------------------------------------------------------------
+
+    def feed(self, name: str, source: Step, node: int | None = None) -> None:
+        """From the next run on, input ``name`` is copied on the device from ``source``'s value
+        of ``node`` (default: its first output) before every run; the host buffer is unused.
+        An input the graph indexes with (ids, positions) takes only values that stay in range
+        by construction: an ARGMAX over no more columns than the table it indexes."""
+        node = source.graph.outputs[0] if node is None else node
+        self._check_name(name)
+        leaf = self.rewritten.nodes[self.rewritten.leaves(Op.INPUT)[name]]
+        value = source.graph.nodes[node]
+        if (value.dtype, value.shape) != (leaf.dtype, leaf.shape):
+            raise BackendError(
+                f"cannot feed input {name!r} ({leaf.dtype.name}{list(leaf.shape)}) from "
+                f"%{node} {value.op.name} ({value.dtype.name}{list(value.shape)})"
+            )
+        bound = self.bounds.get(name)
+        if bound is not None and bound.limit is not None:
+            width = source.graph.nodes[value.src[0]].shape[1] if value.op is Op.ARGMAX else None
+            if width is None or width > bound.limit:
+                raise BackendError(
+                    f"cannot feed input {name!r} from %{node} {value.op.name}: its values must "
+                    f"stay within {bound.what}, which only an ARGMAX over at most "
+                    f"{bound.limit} columns guarantees"
+                )
+        source.buffer_of(node)  # it is a value the source step keeps
+        self._feeds[name] = _Feed("device", source, node)
+        self._build_feeds()
+
+    def keep(self, name: str, advance: int = 0) -> None:
+        """From the next run on, input ``name`` stays on the device: that run uploads the host
+        buffer's values (write them first), each run after it reads what the device holds, and
+        after every run the device values advance by ``advance`` (decode positions: 1)."""
+        self._check_name(name)
+        self._feeds[name] = _Feed("kept", advance=advance)
+        self._build_feeds()
+
+    def feed_host(self, name: str) -> None:
+        """Input ``name`` is uploaded from its host buffer at every run (the default)."""
+        self._check_name(name)
+        if self._feeds[name].kind != "host":
+            self._feeds[name] = _Feed()
+            self._build_feeds()
+
+    def _check_name(self, name: str) -> None:
+        if name not in self._feeds:
+            raise BackendError(
+                f"the graph has no input {name!r}; it takes {', '.join(sorted(self._feeds))}"
+            )
+
+    # -- running ----------------------------------------------------------------------------
+
+    def run(self, *, capture: bool | None = None) -> None:
+        """One step: inputs checked and moved in, every split executed, outputs downloaded into
+        ``outputs``, each backend synchronized once before this returns."""
+        rt = self.runtime
+        if rt.layout is not self._layout:
+            rt.place_states(self._layout)
+        self._check_inputs()
+        for fn, args in self._host_actions:
+            fn(*args)
+        for fn, args in self._device_actions:
+            fn(*args)
+        for name, feed in self._kept:
+            if feed.fresh:
+                self._upload_kept(name, feed)
+        use_capture = self._capture if capture is None else capture
+        for split in self._splits:
+            for fn, args in split.copies:
+                fn(*args)
+            self._execute(split, use_capture)
+        for fn, args in self._downloads:
+            fn(*args)
+        for backend in self._sync:
+            backend.synchronize()
+        for fn, args in self._advance_actions:
+            fn(*args)
+        for _, feed in self._kept:
+            feed.high += feed.advance
+
+    def _upload_kept(self, name: str, feed: _Feed) -> None:
+        for backend, slot in self._input_slots[name]:
+            backend.upload(slot, self.inputs[name])
+        feed.fresh = False
+        values = self.inputs[name]
+        feed.high = int(values.max()) if values.size else 0
+
+    def _check_inputs(self) -> None:
+        for name, values, bound, feed in self._checked:
+            if feed.kind == "host" or (feed.kind == "kept" and feed.fresh):
+                check_values(name, values, bound)
+            elif feed.kind == "kept" and bound.limit is not None and feed.high >= bound.limit:
+                raise InputError(
+                    f"input {name!r} kept on the device would reach {feed.high}, outside "
+                    f"0..{bound.limit - 1} ({bound.what})"
+                )
+
+    def _execute(self, split: _Split, capture: bool) -> None:
+        split.runs += 1
+        backend = split.backend
+        if not capture or split.tried or split.runs < CAPTURE_AFTER_RUNS:
+            backend.execute(split.executable)
+            return
+        split.tried = True
+        eager = split.eager
+        backend.execute(eager)
+        captured = backend.capture(eager)
+        if not captured.captured:
+            split.reason = captured.reason
+            return
+        replay = captured.executable
+        if replay.outputs is not eager.outputs and any(
+            replay.outputs.get(i) is not b for i, b in eager.outputs.items()
+        ):
+            backend.release(replay)
+            split.reason = f"{backend.name}.capture returned an executable on other buffers"
+            return
+        if self.runtime.verify_capture:
+            want = self._read_back(backend, eager)
+            backend.execute(replay)
+            got = self._read_back(backend, eager)
+            for i, value in want.items():
+                if value.tobytes() != got[i].tobytes():
+                    node = self.rewritten.nodes[i]
+                    split.reason = (
+                        f"captured replay differs from eager at %{i} {node.op.name}; "
+                        "this split runs eagerly"
+                    )
+                    backend.release(replay)
+                    backend.execute(eager)  # splits are idempotent: redo eagerly
+                    return
+        split.executable = replay
+        split.reason = ""
+
+    def _read_back(self, backend: Backend, exe: Executable) -> dict[int, np.ndarray]:
+        values = {}
+        for i, buf in exe.outputs.items():
+            node = self.rewritten.nodes[i]
+            values[i] = host_empty(node.dtype, node.shape)
+            backend.download(buf, values[i])
+        backend.synchronize()
+        return values
+
+    @property
+    def capture_status(self) -> list[str]:
+        """Per split: "" if captured, else why it runs eagerly."""
+        return [s.reason for s in self._splits]
+
+    def release(self) -> None:
+        for split in self._splits:
+            if split.executable is not split.eager:
+                split.backend.release(split.executable)
+            split.backend.release(split.eager)
+
+
+def check_values(name: str, values: np.ndarray, bound: Bound) -> None:
+    """InputError unless every value lies in 0..limit-1 (and is distinct when asked)."""
+    if not values.size or bound.limit is None:
+        return
+    if values.size == 1:  # a decode step: no reduction (each costs an allocation)
+        low = high = values.item()
+    else:
+        low, high = values.min(), values.max()
+    if low < 0 or high >= bound.limit:
+        bad = int(low) if low < 0 else int(high)
+        raise InputError(
+            f"input {name!r} holds {bad}, outside 0..{bound.limit - 1} ({bound.what}); "
+            "check the token ids and the positions against the model and the context size"
+        )
+    if bound.distinct and values.size > 1 and np.unique(values).size != values.size:
+        raise InputError(
+            f"input {name!r} repeats a position within one step; positions are distinct"
+        )
 
 
 class Runtime:
@@ -63,6 +424,7 @@ class Runtime:
         strict: bool = False,
         capture: bool = True,
         verify_capture: bool = False,
+        rewrite: bool = True,
         max_plans: int = 64,
     ) -> None:
         if not backends:
@@ -75,50 +437,127 @@ class Runtime:
         self.strict = strict
         self.capture = capture
         self.verify_capture = verify_capture
+        self.rewrites = rewrite
         self.max_plans = max_plans
         self.states: dict[str, _State] = {}
-        self._prepared: OrderedDict[tuple[Graph, tuple[int, ...]], _Prepared] = OrderedDict()
+        self.layout: tuple[tuple[str, str], ...] | None = None
+        self._layouts: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
+        self._steps: OrderedDict[tuple[Graph, tuple[int, ...]], Step] = OrderedDict()
+        self._pinned: dict[tuple[Graph, tuple[int, ...]], Step] = {}
+        self._rewrites: OrderedDict[Graph, Graph] = OrderedDict()
+        self._plans: OrderedDict[tuple[Graph, tuple[int, ...]], Plan] = OrderedDict()
 
     # -- planning ---------------------------------------------------------------------------
 
-    def plan(self, graph: Graph, expose: Sequence[int] = ()) -> Plan:
-        return self._prepare(graph, tuple(expose)).plan
+    def rewrite(self, graph: Graph) -> Graph:
+        """``graph`` as the first backend rewrites it (fused ops), cached; as written when the
+        runtime was made with ``rewrite=False`` (a reference: every node keeps its value)."""
+        found = self._rewrites.get(graph)
+        if found is None:
+            found = self.backends[0].rewrite(graph) if self.rewrites else graph
+            if found is not graph and found.origin is None:
+                raise BackendError(
+                    f"{self.backends[0].name}.rewrite returned a graph without origin; build "
+                    "rewrites with parity.core.fusion so their nodes keep where they came from"
+                )
+            self._rewrites[graph] = found
+            _bound(self._rewrites, self.max_plans)
+        return found
 
-    def _prepare(self, graph: Graph, expose: tuple[int, ...]) -> _Prepared:
+    def schedule(self, graph: Graph, expose: tuple[int, ...] = ()) -> Plan:
+        """The plan of a (rewritten) graph, cached."""
         key = (graph, expose)
-        prepared = self._prepared.get(key)
-        if prepared is not None:
-            self._prepared.move_to_end(key)
-            return prepared
-        plan = schedule(graph, self.backends, strict=self.strict, expose=expose)
-        for split in plan.splits:
-            backend = self.by_name[split.backend]
-            for s in split.inputs:
-                node = graph.nodes[s]
-                if node.op is Op.WEIGHT:
-                    backend.register_weight(self._weight(node))
-        slots, staging = {}, {}
-        for c in plan.copies:
-            node = graph.nodes[c.node]
-            slots[c.node, c.dst] = self.by_name[c.dst].alloc(node.dtype, node.shape)
-            if c.src != HOST:
-                src = self.by_name[c.src]
-                staging[c.node] = src.alloc_host(numpy_dtype(node.dtype), node.shape)
-        exes = [self.by_name[s.backend].prepare(s) for s in plan.splits]
-        n = len(plan.splits)
-        reasons = ["not run often enough yet" if self.capture else "capture is off"] * n
-        prepared = _Prepared(
-            plan, exes, [0] * n, reasons, [False] * n, slots, staging, graph.leaves(Op.INPUT)
-        )
-        self._prepared[key] = prepared
-        if len(self._prepared) > self.max_plans:
-            _, evicted = self._prepared.popitem(last=False)
-            self._release(evicted)
-        return prepared
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = schedule(
+                graph, self.backends, strict=self.strict, expose=expose
+            )
+            _bound(self._plans, self.max_plans)
+        return plan
 
-    def _release(self, prepared: _Prepared) -> None:
-        for split, exe in zip(prepared.plan.splits, prepared.executables, strict=True):
-            self.by_name[split.backend].release(exe)
+    def plan(self, graph: Graph, expose: Sequence[int] = ()) -> Plan:
+        """Where each node of ``graph`` (rewritten) runs, and why."""
+        rewritten = self.rewrite(graph)
+        new_id = rewritten.rewritten()
+        return self.schedule(rewritten, tuple(new_id[i] for i in expose if i in new_id))
+
+    def step(self, graph: Graph, expose: Sequence[int] = (), *, pin: bool = False) -> Step:
+        """The prepared step of ``graph`` (with ``expose``d nodes read back too), made once.
+        Steps are kept for the ``max_plans`` graphs used last, and for ever when ``pin``ned
+        (the decode steps a session holds on to)."""
+        key = (graph, tuple(expose))
+        step = self._pinned.get(key) or self._steps.get(key)
+        if step is None:
+            step = Step(self, graph, tuple(expose))
+        if pin:
+            self._steps.pop(key, None)
+            self._pinned[key] = step
+            return step
+        if key in self._pinned:
+            return step
+        self._steps[key] = step
+        self._steps.move_to_end(key)
+        if len(self._steps) > self.max_plans:
+            _, evicted = self._steps.popitem(last=False)
+            evicted.release()
+        return step
+
+    def capture_status(self, graph: Graph, expose: Sequence[int] = ()) -> list[str]:
+        """Per split of a graph that has a step: "" if captured, else why it runs eagerly."""
+        key = (graph, tuple(expose))
+        step = self._pinned.get(key) or self._steps.get(key)
+        if step is None:
+            raise BackendError("this graph has not run on this runtime")
+        return step.capture_status
+
+    # -- weights ----------------------------------------------------------------------------
+
+    def register(
+        self, graphs: Sequence[Graph], progress: Callable[[str], Progress] | None = None
+    ) -> None:
+        """Register every weight ``graphs`` read, as planned, on the backends that read them,
+        one batch per backend (``register_weights``); ``progress(backend name)`` gives the
+        callback a backend reports its upload to."""
+        rewritten = [self.rewrite(g) for g in graphs]
+        by_backend: dict[str, dict[str, WeightData]] = {}
+        for graph in rewritten:
+            plan = self.schedule(graph)
+            for name, ws in self._plan_weights(plan).items():
+                by_backend.setdefault(name, {}).update(ws)
+        for name, ws in by_backend.items():
+            todo = self._unregistered(self.by_name[name], ws)
+            if todo:
+                report = progress(name) if progress is not None else None
+                self.by_name[name].register_weights(todo, graphs=rewritten, progress=report)
+
+    def register_plan(self, plan: Plan) -> None:
+        """Register what a plan reads that is not registered yet (a graph the model did not
+        register at load)."""
+        for name, ws in self._plan_weights(plan).items():
+            todo = self._unregistered(self.by_name[name], ws)
+            if todo:
+                self.by_name[name].register_weights(todo, graphs=[plan.graph])
+
+    @staticmethod
+    def _unregistered(backend: Backend, weights: Mapping[str, WeightData]) -> list[WeightData]:
+        """The weights ``backend`` does not hold yet; one it holds under the same name must be
+        the same weight (``register_weight`` says so when it is not)."""
+        todo = []
+        for w in weights.values():
+            if w.name in backend.weights:
+                backend.register_weight(w)  # a no-op for the same weight, an error otherwise
+            else:
+                todo.append(w)
+        return todo
+
+    def _plan_weights(self, plan: Plan) -> dict[str, dict[str, WeightData]]:
+        found: dict[str, dict[str, WeightData]] = {}
+        for split in plan.splits:
+            for s in split.inputs:
+                node = plan.graph.nodes[s]
+                if node.op is Op.WEIGHT:
+                    found.setdefault(split.backend, {})[node.arg] = self._weight(node)
+        return found
 
     def _weight(self, node: Node) -> WeightData:
         w = self.weights.get(node.arg)
@@ -134,16 +573,10 @@ class Runtime:
             )
         return w
 
-    def capture_status(self, graph: Graph, expose: Sequence[int] = ()) -> list[str]:
-        """Per split of a graph that has run: "" if captured, else why it runs eagerly."""
-        prepared = self._prepared.get((graph, tuple(expose)))
-        if prepared is None:
-            raise BackendError("this graph has not run on this runtime")
-        return list(prepared.capture_reason)
-
     # -- states -----------------------------------------------------------------------------
 
-    def _state(self, node: Node, backend: Backend) -> Buffer:
+    def state_buffer(self, node: Node, backend: Backend) -> Buffer:
+        """The buffer of state ``node`` on ``backend`` (made there, zeroed, on first use)."""
         state = self.states.get(node.arg)
         if state is None:
             buf = backend.alloc(node.dtype, node.shape)
@@ -155,37 +588,55 @@ class Runtime:
                 f"needs {want.dtype.name}{list(want.shape)}: the graphs of one sequence must "
                 "share n_ctx; call clear_states() to start over with another size"
             )
-        if state.owner != backend.name:
-            # the plan placed this state's writer on another backend: bring its copy up to date
-            warnings.warn(
-                f"state {node.arg!r} copied from {state.owner} to {backend.name}", stacklevel=3
-            )
-            if backend.name not in state.buffers:
-                state.buffers[backend.name] = backend.alloc(node.dtype, node.shape)
-            src = self.by_name[state.owner]
-            dst = state.buffers[backend.name]
-            if not backend.copy_from(dst, state.buffers[state.owner], src):
-                host = src.alloc_host(numpy_dtype(node.dtype), node.shape)
-                src.download(state.buffers[state.owner], host)
-                backend.upload(dst, host)
-            state.owner = backend.name
+        if backend.name not in state.buffers:
+            state.buffers[backend.name] = backend.alloc(node.dtype, node.shape)
         return state.buffers[backend.name]
 
+    def intern_layout(self, layout: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        return self._layouts.setdefault(layout, layout)
+
+    def place_states(self, layout: tuple[tuple[str, str], ...]) -> None:
+        """Bring every state a step reads up to date on the backend that reads it."""
+        for name, where in layout:
+            state = self.states[name]
+            if state.owner == where:
+                continue
+            warnings.warn(f"state {name!r} copied from {state.owner} to {where}", stacklevel=4)
+            src, dst = self.by_name[state.owner], self.by_name[where]
+            node = state.node
+            fn, args = self.transfer(
+                src, state.buffers[state.owner], dst, state.buffers[where], node
+            )
+            fn(*args)
+            dst.synchronize()
+            state.owner = where
+        self.layout = layout
+
     def reset(self) -> None:
-        """Zero every state (KV cache) in place: the next step starts a new sequence. The
-        buffers themselves are kept, so captured executables stay valid."""
+        """Zero every state (KV cache) where it lives (``Backend.zero``): the next step starts a
+        new sequence. The buffers themselves are kept, so prepared and captured steps stay valid."""
         for state in self.states.values():
-            zeros = np.zeros(state.node.shape, numpy_dtype(state.node.dtype))
-            for name, buf in state.buffers.items():
-                self.by_name[name].upload(buf, zeros)
+            node = state.node
+            self.by_name[state.owner].zero(state.buffers[state.owner], node.dtype, node.shape)
 
     def clear_states(self) -> None:
-        """Drop every state and every prepared plan (which may hold captured state addresses),
-        e.g. to change the context size."""
-        for prepared in self._prepared.values():
-            self._release(prepared)
-        self._prepared.clear()
+        """Drop every state and every prepared step (which hold state buffers), e.g. to change
+        the context size."""
+        for step in (*self._steps.values(), *self._pinned.values()):
+            step.release()
+        self._steps.clear()
+        self._pinned.clear()
         self.states.clear()
+        self.layout = None
+
+    # -- moving values ----------------------------------------------------------------------
+
+    def transfer(
+        self, src: Backend, buffer: Buffer, dst: Backend, slot: Buffer, node: Node
+    ) -> Action:
+        """The action that copies ``buffer`` (on ``src``) into ``slot`` (on ``dst``): on the
+        device where ``dst.copy_from`` can, else through a host array made once."""
+        return (_Transfer(src, buffer, dst, slot, node), ())
 
     # -- running ----------------------------------------------------------------------------
 
@@ -198,106 +649,11 @@ class Runtime:
         out: Mapping[int, np.ndarray] | None = None,
         capture: bool | None = None,
     ) -> dict[int, np.ndarray]:
-        """Run ``graph`` with its INPUT leaves bound by name. Returns host arrays for the graph's
-        outputs and ``expose``d nodes; pass ``out`` (node id -> array) to reuse host buffers.
-        ``capture`` overrides the runtime's capture setting for this call."""
-        prepared = self._prepare(graph, tuple(expose))
-        plan = prepared.plan
-        host_inputs = self._check_inputs(graph, prepared.inputs, inputs)
-        produced: dict[int, Buffer] = {}  # computed node -> buffer on its backend
-        copies = iter(plan.copies)
-        pending = next(copies, None)
-        for k, split in enumerate(plan.splits):
-            backend = self.by_name[split.backend]
-            while pending is not None and pending.split == k:
-                self._copy(prepared, pending.node, pending.src, backend, host_inputs, produced)
-                pending = next(copies, None)
-            bound: dict[int, Buffer] = {}
-            for s in split.inputs:
-                node = graph.nodes[s]
-                if node.op is Op.WEIGHT:
-                    continue
-                if node.op is Op.STATE:
-                    bound[s] = self._state(node, backend)
-                elif (s, backend.name) in prepared.slots:
-                    bound[s] = prepared.slots[s, backend.name]
-                else:  # computed by an earlier split on this same backend
-                    bound[s] = produced[s]
-            use_capture = self.capture if capture is None else capture
-            produced.update(self._execute(prepared, k, backend, bound, use_capture))
-        results = {}
-        for i in dict.fromkeys((*graph.outputs, *expose)):
-            node = graph.nodes[i]
-            dst = out.get(i) if out else None
-            if dst is None:
-                dst = np.empty(node.shape, numpy_dtype(node.dtype))
-            self.by_name[plan.backend_of(i)].download(produced[i], dst)
-            results[i] = dst
-        return results
-
-    def _copy(
-        self,
-        prepared: _Prepared,
-        node: int,
-        src_name: str,
-        dst: Backend,
-        host_inputs: Mapping[int, np.ndarray],
-        produced: Mapping[int, Buffer],
-    ) -> None:
-        slot = prepared.slots[node, dst.name]
-        if src_name == HOST:
-            dst.upload(slot, host_inputs[node])
-            return
-        src = self.by_name[src_name]
-        if not dst.copy_from(slot, produced[node], src):
-            host = prepared.staging[node]
-            src.download(produced[node], host)
-            dst.upload(slot, host)
-
-    def _execute(
-        self, prepared: _Prepared, k: int, backend: Backend, bound: dict[int, Buffer], capture: bool
-    ) -> dict[int, Buffer]:
-        prepared.runs[k] += 1
-        exe = prepared.executables[k]
-        if not capture or prepared.runs[k] < CAPTURE_AFTER_RUNS or prepared.capture_tried[k]:
-            return backend.execute(exe, bound)
-        eager = backend.execute(exe, bound)
-        prepared.capture_tried[k] = True
-        captured = backend.capture(exe)
-        if not captured.captured:
-            prepared.capture_reason[k] = captured.reason
-            return eager
-        if self.verify_capture:
-            want = self._read_back(prepared.plan.graph, backend, eager)
-            replay = backend.execute(captured.executable, bound)
-            got = self._read_back(prepared.plan.graph, backend, replay)
-            for i, value in want.items():
-                if value.tobytes() != got[i].tobytes():
-                    node = prepared.plan.graph.nodes[i]
-                    prepared.capture_reason[k] = (
-                        f"captured replay differs from eager at %{i} {node.op.name}; "
-                        "this split runs eagerly"
-                    )
-                    backend.release(captured.executable)
-                    return backend.execute(exe, bound)  # splits are idempotent: redo eagerly
-            eager = replay
-        prepared.executables[k] = captured.executable
-        prepared.capture_reason[k] = ""
-        return eager
-
-    def _read_back(
-        self, graph: Graph, backend: Backend, buffers: Mapping[int, Buffer]
-    ) -> dict[int, np.ndarray]:
-        values = {}
-        for i, buf in buffers.items():
-            node = graph.nodes[i]
-            values[i] = np.empty(node.shape, numpy_dtype(node.dtype))
-            backend.download(buf, values[i])
-        return values
-
-    def _check_inputs(
-        self, graph: Graph, declared: Mapping[str, int], inputs: Mapping[str, np.ndarray]
-    ) -> dict[int, np.ndarray]:
+        """Run ``graph`` once with its INPUT leaves bound by name: a convenience over ``step``
+        that copies the inputs in and returns copies of the outputs and of the ``expose``d nodes
+        the rewrite kept (into ``out[id]`` where given). Hot loops use ``step`` directly."""
+        step = self.step(graph, expose)
+        declared = step.inputs
         missing = sorted(set(declared) - set(inputs))
         if missing:
             raise BackendError(f"missing graph input(s): {', '.join(missing)}")
@@ -307,19 +663,51 @@ class Runtime:
                 f"unknown graph input(s): {', '.join(unknown)}; the graph takes "
                 f"{', '.join(sorted(declared))}"
             )
-        host = {}
-        for name, i in declared.items():
-            node = graph.nodes[i]
+        for name, host in declared.items():
             value = np.asarray(inputs[name])
-            want = np.dtype(numpy_dtype(node.dtype))
-            if value.shape != node.shape or not np.can_cast(value.dtype, want, "same_kind"):
+            if value.shape != host.shape or not np.can_cast(value.dtype, host.dtype, "same_kind"):
                 raise BackendError(
-                    f"input {name!r} must be {want}{list(node.shape)}, "
+                    f"input {name!r} must be {host.dtype}{list(host.shape)}, "
                     f"got {value.dtype}{list(value.shape)}"
                 )
-            if want.kind == "i" and value.dtype != want and value.size:
-                info = np.iinfo(want)
+            if host.dtype.kind == "i" and value.dtype != host.dtype and value.size:
+                info = np.iinfo(host.dtype)
                 if value.min() < info.min or value.max() > info.max:
-                    raise BackendError(f"input {name!r} has values outside the {want} range")
-            host[i] = np.ascontiguousarray(value, dtype=want)
-        return host
+                    raise InputError(f"input {name!r} has values outside the {host.dtype} range")
+            host[...] = value
+        step.run(capture=capture)
+        results = {}
+        for i, value in step.outputs.items():
+            dst = out.get(i) if out else None
+            if dst is None:
+                dst = value.copy()
+            else:
+                np.copyto(dst, value, casting="no")
+            results[i] = dst
+        return results
+
+
+class _Transfer:
+    """Copies one buffer into another backend's (or the same backend's) buffer: on the device
+    when the destination's ``copy_from`` can, else through a host array made on first need."""
+
+    def __init__(self, src: Backend, buffer: Buffer, dst: Backend, slot: Buffer, node: Node):
+        self.src, self.buffer, self.dst, self.slot = src, buffer, dst, slot
+        self.dtype, self.shape = node.dtype, node.shape
+        self.direct = True
+        self.host: np.ndarray | None = None
+
+    def __call__(self) -> None:
+        if self.direct and self.dst.copy_from(self.slot, self.buffer, self.src):
+            return
+        self.direct = False
+        if self.host is None:
+            self.host = self.src.alloc_host(self.dtype, self.shape)
+        self.src.download(self.buffer, self.host)
+        self.src.synchronize()  # the host reads the staged value next
+        self.dst.upload(self.slot, self.host)
+
+
+def _bound(cache: OrderedDict, capacity: int) -> None:
+    while len(cache) > capacity:
+        cache.popitem(last=False)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import attrs
 
 from parity.core.backend import Backend, Split
-from parity.core.ir import Graph, Node, Op
+from parity.core.ir import FUSED, Graph, Node, Op
 from parity.core.tiers import backend_manifest
 from parity.errors import GraphError, SchedulingError
 
@@ -75,7 +75,33 @@ class Plan:
             "copies": sum(1 for c in self.copies if c.src != HOST),
             "fallbacks": len(self.fallbacks),
             "ops": [{"op": op, "backend": b, "count": n} for (op, b), n in sorted(ops.items())],
+            "fusions": self.fusions(),
         }
+
+    def fusions(self) -> list[dict]:
+        """What the rewrite put in: per fused op, how many and what each stands for; per shared
+        quantization, how many matrix products read one QUANTIZE."""
+        if self.graph.origin is None:
+            return []
+        counts = Counter(n.op for n in self.graph.nodes if n.op in FUSED or n.op is Op.QUANTIZE)
+        found = [
+            {"op": op.name, "count": n, "replaces": FUSED[op]}
+            for op, n in sorted(counts.items(), key=lambda item: item[0].name)
+            if op in FUSED
+        ]
+        if counts[Op.QUANTIZE]:
+            users = self.graph.consumers()
+            readers = sum(
+                len(users[i]) for i, n in enumerate(self.graph.nodes) if n.op is Op.QUANTIZE
+            )
+            found.append(
+                {
+                    "op": "QUANTIZE",
+                    "count": counts[Op.QUANTIZE],
+                    "replaces": f"the activation quantization of {readers} matrix products",
+                }
+            )
+        return found
 
     def explain(self, verbose: bool = False) -> str:
         """A readable plan: per op kind where it runs, every fallback with its reason, the
@@ -85,7 +111,12 @@ class Plan:
             f"{s['nodes']} nodes, {s['splits']} split(s), {s['copies']} cross-backend "
             f"copies, {s['fallbacks']} fallback(s)"
         ]
-        lines += [f"  {o['op']:<12} x{o['count']:<4} -> {o['backend']}" for o in s["ops"]]
+        lines += [f"  {o['op']:<14} x{o['count']:<4} -> {o['backend']}" for o in s["ops"]]
+        if s["fusions"]:
+            lines.append("  fusions (the first backend's rewrite):")
+            lines += [
+                f"    {f['op']:<14} x{f['count']:<4} for {f['replaces']}" for f in s["fusions"]
+            ]
         for i in self.fallbacks:
             n, p = self.graph.nodes[i], self.placements[i]
             lines.append(f"  fallback %{i} {n.op.name} -> {p.backend}: {p.reason}")
@@ -98,7 +129,7 @@ class Plan:
             for i, (n, p) in enumerate(zip(self.graph.nodes, self.placements, strict=True)):
                 where = p.backend if p else "(registered where read)"
                 why = f"  # {p.reason}" if p else ""
-                lines.append(f"  %{i:<4} {n.op.name:<10} -> {where}{why}")
+                lines.append(f"  %{i:<4} {n.op.name:<14} -> {where}{why}")
         return "\n".join(lines)
 
     def to_json(self) -> str:

@@ -139,6 +139,10 @@ BUDGETS: dict[Op, Tier] = {
     Op.RMS_NORM: Tier(max_ulp=4),
     Op.MATMUL: Tier(max_nmse=1e-5),
     Op.ATTENTION: Tier(max_nmse=1e-5),
+    Op.QUANTIZE: EXACT,  # integer quants: exact or wrong
+    Op.RMS_NORM_MUL: Tier(max_ulp=5),  # RMS_NORM's 4, one more rounding for the weight
+    Op.MATMUL_ADD: Tier(max_nmse=1e-5),
+    Op.MATMUL_SWIGLU: Tier(max_nmse=1e-5),
 }
 
 
@@ -147,9 +151,14 @@ def _number(x: float) -> str:
     return short if float(short) == x else repr(x)
 
 
+# op -> the source index of its packed weight
+PACKED_AT = {Op.GET_ROWS: 0, Op.MATMUL: 1, Op.MATMUL_ADD: 1, Op.MATMUL_SWIGLU: 1}
+
+
 def packed_type(node: Node, srcs: Sequence[Node]) -> DType | None:
-    """The type of a node's packed weight operand (MATMUL's matrix, GET_ROWS's table)."""
-    at = {Op.MATMUL: 1, Op.GET_ROWS: 0}.get(node.op)
+    """The type of a node's packed weight operand (a matrix product's matrix, the gate's for
+    MATMUL_SWIGLU; GET_ROWS's table)."""
+    at = PACKED_AT.get(node.op)
     if at is None or srcs[at].op is not Op.WEIGHT:
         return None
     return srcs[at].dtype

@@ -124,7 +124,7 @@ class Generation:
             if len(self.tokens) >= self.max_tokens:
                 yield self._finish("length", token, emit, decoder)
                 return
-            if len(session.tokens) >= session.n_ctx:
+            if session.n_tokens >= session.n_ctx:
                 yield self._finish("context", token, emit, decoder)
                 return
             yield Piece(emit, token)

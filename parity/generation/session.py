@@ -4,6 +4,12 @@ A new prompt reuses the cache's longest common prefix (chat turns, repeated prom
 invariance makes that bit-identical to evaluating the whole prompt again. Stale cache rows past
 the prefix are never read, because attention only looks at positions up to the query's own and
 KV_WRITE overwrites a position before any query at that position reads it.
+
+Every step runs through the runtime's prepared ``Step``s, writing ids and positions into the
+host buffers the runtime owns and reading results from them. Decode keeps the position on the
+device (it advances there after each step) and, in greedy decoding, feeds the token the last
+step's ARGMAX left on the device straight back in: a greedy decode step reads back one 4-byte id
+and uploads nothing.
 """
 
 from __future__ import annotations
@@ -14,18 +20,37 @@ import numpy as np
 
 from parity.arch.decoder import DecoderGraphs
 from parity.arch.params import GraphParams
-from parity.core.runtime import Runtime
-from parity.errors import ContextLengthError
+from parity.core.runtime import Runtime, Step
+from parity.errors import ContextLengthError, InputError
 
 DEFAULT_BATCH = 512  # prefill tokens per graph
 
 
+def session_graphs(graphs: DecoderGraphs, n_ctx: int, n_batch: int = DEFAULT_BATCH) -> list:
+    """The graphs a session runs most (the two decode steps, a full prefill chunk): what a
+    model registers its weights for at load."""
+    n_batch = min(n_batch, n_ctx)
+    return [
+        graphs(GraphParams(n_tokens=n, n_ctx=n_ctx, n_out=1, output=output))
+        for n, output in ((1, "argmax"), (1, "logits"), (n_batch, "argmax"), (n_batch, "logits"))
+    ]
+
+
 class Session:
-    """The KV cache of one sequence and the steps that grow it. Host buffers for inputs and
-    outputs are allocated once, so a decode step allocates nothing of its own."""
+    """The KV cache of one sequence and the steps that grow it. A decode step allocates
+    nothing: its graphs, steps and host buffers exist from the start.
+
+    ``capture_prefill=False`` keeps prefill graphs out of graph capture (decode is always
+    eligible; a backend captures a step only once it has run a few times)."""
 
     def __init__(
-        self, runtime: Runtime, graphs: DecoderGraphs, n_ctx: int, n_batch: int = DEFAULT_BATCH
+        self,
+        runtime: Runtime,
+        graphs: DecoderGraphs,
+        n_ctx: int,
+        n_batch: int = DEFAULT_BATCH,
+        *,
+        capture_prefill: bool = True,
     ) -> None:
         if n_batch < 1:
             raise ValueError(f"n_batch must be >= 1, got {n_batch}")
@@ -34,18 +59,34 @@ class Session:
         self.n_ctx = n_ctx
         self.n_batch = min(n_batch, n_ctx)
         self.n_vocab = graphs.spec.n_vocab
-        self.tokens: list[int] = []  # what the cache holds, position by position
+        self.capture_prefill = None if capture_prefill else False
+        self._ids_held = np.zeros(n_ctx, np.int32)  # what the cache holds, position by position
+        self.n_tokens = 0  # positions the cache holds
         self.reused = 0  # prompt tokens the last prefill took from the cache
-        self._logits = np.empty((1, self.n_vocab), np.float32)
-        self._argmax = np.empty((1,), np.int32)
-        self._step_tokens = np.empty((1,), np.int32)
-        self._step_pos = np.empty((1,), np.int32)
-        self._step_inputs = {"tokens": self._step_tokens, "positions": self._step_pos}
-        self._step_graphs = {g: graphs(self._graph_params(1, 1, g)) for g in (False, True)}
+        self.decode_graphs = {g: graphs(self._graph_params(1, 1, g)) for g in (False, True)}
+        self._decode = {g: runtime.step(graph, pin=True) for g, graph in self.decode_graphs.items()}
+        self._next_position = {False: -1, True: -1}  # what each decode step keeps on the device
+        self._fed_from: dict[bool, Step | None] = {False: None, True: None}
+        self._last_step: Step | None = None  # the greedy step whose ARGMAX is on the device
+        self._last_token = -1  # and that ARGMAX, as read back
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The token ids the cache holds, position by position (a view: copy to keep it)."""
+        return self._ids_held[: self.n_tokens]
 
     def reset(self) -> None:
         """Forget the cached tokens; the next prompt is evaluated from position 0."""
-        self.tokens = []
+        self.n_tokens = 0
+        self._last_step = None
+
+    def _append(self, ids: np.ndarray | int) -> None:
+        if isinstance(ids, int | np.integer):  # one decode token
+            self._ids_held[self.n_tokens] = ids
+            self.n_tokens += 1
+            return
+        self._ids_held[self.n_tokens : self.n_tokens + len(ids)] = ids
+        self.n_tokens += len(ids)
 
     def check_fits(self, n_tokens: int, what: str = "the prompt") -> None:
         if n_tokens > self.n_ctx:
@@ -59,56 +100,87 @@ class Session:
 
     def _ids(self, tokens: Sequence[int]) -> np.ndarray:
         ids = np.asarray(tokens, dtype=np.int64)
-        if ids.ndim != 1 or np.any((ids < 0) | (ids >= self.n_vocab)):
-            raise ValueError(f"token ids must be a flat sequence of ints in 0..{self.n_vocab - 1}")
+        if ids.ndim != 1 or (ids.size and (ids.min() < 0 or ids.max() >= self.n_vocab)):
+            raise InputError(
+                f"token ids must be a flat sequence of ints in 0..{self.n_vocab - 1} "
+                "(the model's vocabulary)"
+            )
         return ids.astype(np.int32)
 
     def _graph_params(self, n: int, n_out: int, greedy: bool) -> GraphParams:
         output = "argmax" if greedy else "logits"
         return GraphParams(n_tokens=n, n_ctx=self.n_ctx, n_out=n_out, output=output)
 
-    def _run(self, tokens: np.ndarray, start: int, n_out: int, greedy: bool) -> np.ndarray:
-        graph = self.graphs(self._graph_params(len(tokens), n_out, greedy))
-        inputs = {
-            "tokens": tokens,
-            "positions": np.arange(start, start + len(tokens), dtype=np.int32),
-        }
-        return self.runtime.run(graph, inputs)[graph.outputs[0]]
+    def _run(self, tokens: np.ndarray, start: int, n_out: int, greedy: bool) -> Step:
+        step = self.runtime.step(self.graphs(self._graph_params(len(tokens), n_out, greedy)))
+        for mode, decode in self._decode.items():
+            if step is decode:  # a one-token prefill is a decode graph: feed it from the host
+                step.feed_host("tokens")
+                step.feed_host("positions")
+                self._fed_from[mode] = None
+                self._next_position[mode] = -1
+        step.inputs["tokens"][...] = tokens
+        step.inputs["positions"][...] = np.arange(start, start + len(tokens), dtype=np.int32)
+        step.run(capture=self.capture_prefill)
+        return step
 
     def prefill(self, prompt: Sequence[int], *, greedy: bool) -> np.ndarray | int:
         """Evaluate ``prompt`` as the whole sequence, reusing the cached common prefix.
         Returns the last position's logits (n_vocab,), or its argmax id when ``greedy``."""
         self.check_fits(len(prompt))
-        keep = 0
-        for a, b in zip(self.tokens, prompt, strict=False):
-            if a != b:
-                break
-            keep += 1
-        keep = min(keep, len(prompt) - 1)  # the last token must run to produce output
         ids = self._ids(prompt)
-        self.tokens = list(self.tokens[:keep])
+        held = self.tokens[: len(ids)]
+        differ = np.flatnonzero(held != ids[: len(held)])
+        keep = int(differ[0]) if differ.size else len(held)  # the common prefix
+        keep = min(keep, len(prompt) - 1)  # the last token must run to produce output
+        self.n_tokens = keep
         self.reused = keep
-        out: np.ndarray | None = None
+        self._last_step = None
+        step: Step | None = None
         for start in range(keep, len(ids), self.n_batch):
             chunk = ids[start : start + self.n_batch]
             last = start + len(chunk) == len(ids)
-            out = self._run(chunk, start, 1, greedy or not last)  # earlier chunks: argmax only
-            self.tokens.extend(int(t) for t in chunk)
-        assert out is not None
-        return int(out[0]) if greedy else out[0]
+            step = self._run(chunk, start, 1, greedy or not last)  # earlier chunks: argmax only
+            self._append(chunk)
+        assert step is not None
+        out = step.outputs[step.graph.outputs[0]]
+        if not greedy:
+            return out[0]
+        token = int(out[0])
+        self._last_step, self._last_token = step, token
+        return token
 
     def step(self, token: int, *, greedy: bool) -> np.ndarray | int:
-        """Append one token; returns the next position's logits (a view of a buffer reused by
-        the next step) or, when ``greedy``, the argmax id (only 4 bytes are read back)."""
-        pos = len(self.tokens)
+        """Append one token; returns the next position's logits (a view of a buffer the next
+        step reuses) or, when ``greedy``, the argmax id. The token last returned by a greedy
+        step is fed to the next one on the device; only the new id is read back."""
+        pos = self.n_tokens
         self.check_fits(pos + 1, "the sequence")
-        self._step_tokens[0] = token
-        self._step_pos[0] = pos
-        graph = self._step_graphs[greedy]  # built once: a step allocates no graph params
-        out_buf = self._argmax if greedy else self._logits
-        self.runtime.run(graph, self._step_inputs, out={graph.outputs[0]: out_buf})
-        self.tokens.append(int(token))
-        return int(out_buf[0]) if greedy else out_buf[0]
+        step = self._decode[greedy]
+        source = self._last_step
+        if greedy and source is not None and self._last_token == token:
+            if self._fed_from[greedy] is not source:
+                step.feed("tokens", source)
+                self._fed_from[greedy] = source
+        else:
+            if self._fed_from[greedy] is not None:
+                step.feed_host("tokens")
+                self._fed_from[greedy] = None
+            if not 0 <= token < self.n_vocab:  # (before numpy sees an int beyond int32)
+                raise InputError(f"token id {token} is outside the vocabulary of {self.n_vocab}")
+            step.inputs["tokens"][0] = token
+        if self._next_position[greedy] != pos:  # the device holds another position: set it
+            step.inputs["positions"][0] = pos
+            step.keep("positions", advance=1)
+        step.run()
+        self._next_position[greedy] = pos + 1
+        self._append(token)
+        out = step.outputs[step.graph.outputs[0]]
+        if not greedy:
+            self._last_step = None
+            return out[0]
+        self._last_step, self._last_token = step, out.item(0)  # (no numpy scalar on the way)
+        return self._last_token
 
     def logits(self, tokens: Sequence[int], n_out: int | None = None) -> np.ndarray:
         """Evaluate ``tokens`` from position 0 and return the logits of the last ``n_out``
@@ -119,7 +191,8 @@ class Session:
         if not 1 <= n_out <= n:
             raise ValueError(f"n_out must be in 1..{n}, got {n_out}")
         ids = self._ids(tokens)
-        self.tokens = []
+        self.n_tokens = 0
+        self._last_step = None
         result = np.empty((n_out, self.n_vocab), np.float32)
         first_out = n - n_out  # positions >= first_out produce rows
         for start in range(0, n, self.n_batch):
@@ -127,10 +200,10 @@ class Session:
             end = start + len(chunk)
             rows = end - max(start, first_out)
             if rows > 0:
-                result[max(start, first_out) - first_out : end - first_out] = self._run(
-                    chunk, start, rows, greedy=False
-                )
+                step = self._run(chunk, start, rows, greedy=False)
+                lo = max(start, first_out) - first_out
+                result[lo : end - first_out] = step.outputs[step.graph.outputs[0]]
             else:
                 self._run(chunk, start, 1, greedy=True)
-            self.tokens.extend(int(t) for t in chunk)
+            self._append(chunk)
         return result

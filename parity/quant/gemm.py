@@ -22,7 +22,7 @@ import threading
 import numpy as np
 
 from parity.numerics import tree_sum_leading
-from parity.quant.activation import quantize_rows
+from parity.quant.activation import Q8Activations, quantize_rows
 from parity.quant.prepare import PreparedWeight
 
 F32 = np.float32
@@ -59,22 +59,33 @@ def _chunk_sizes(n_terms: int, t: int, n: int) -> tuple[int, int]:
     return tc, nc
 
 
-def matmul(x: np.ndarray, w: PreparedWeight) -> np.ndarray:
-    """y = x · Wᵀ: x float32 (T, K), W (N, K) -> float32 (T, N). No bias."""
-    x = np.asarray(x)
+def matmul(x: np.ndarray | Q8Activations, w: PreparedWeight) -> np.ndarray:
+    """y = x · Wᵀ: x float32 (T, K), or already quantized (``Q8Activations``, for a quantized
+    W), W (N, K) -> float32 (T, N). No bias."""
     k = w.shape[1]
-    if x.dtype != F32 or x.ndim != 2 or x.shape[1] != k:
-        raise ValueError(
-            f"matmul needs float32 x of shape (T, {k}) for a {w.dtype.name} weight of shape "
-            f"{w.shape}; got {x.dtype} {x.shape}"
-        )
+    if isinstance(x, Q8Activations):
+        if w.wt is not None or x.q.ndim != 2 or x.q.shape[1] != k:
+            raise ValueError(
+                f"matmul of quantized activations {x.q.shape} needs a quantized weight of "
+                f"{k} columns; got {w.dtype.name} {w.shape}"
+            )
+        qx = (x.q.astype(np.float64), x.d, x.s)  # exact integers, as quantize_rows gives them
+    else:
+        x = np.asarray(x)
+        if x.dtype != F32 or x.ndim != 2 or x.shape[1] != k:
+            raise ValueError(
+                f"matmul needs float32 x of shape (T, {k}) for a {w.dtype.name} weight of "
+                f"shape {w.shape}; got {x.dtype} {x.shape}"
+            )
+        qx = None
     # non-finite inputs propagate by IEEE rules; numpy's warnings about them are noise here
     with np.errstate(invalid="ignore", over="ignore"):
         if w.wt is not None:
             return _matmul_float(x, w.wt)
-        if x.shape[0] == 1:
-            return _matvec_quant(x, w)
-        return _matmul_quant(x, w)
+        q, d, s = quantize_rows(x) if qx is None else qx
+        if q.shape[0] == 1:
+            return _matvec_quant(q, d, s, w)
+        return _matmul_quant(q, d, s, w)
 
 
 def _matmul_float(x: np.ndarray, wt: np.ndarray) -> np.ndarray:
@@ -93,11 +104,11 @@ def _matmul_float(x: np.ndarray, wt: np.ndarray) -> np.ndarray:
     return y
 
 
-def _matmul_quant(x: np.ndarray, w: PreparedWeight) -> np.ndarray:
-    """Sub-block terms fl(fl(a * d_x) * isum) (+/- fl(m * s_x)), tree-summed in K order."""
+def _matmul_quant(q: np.ndarray, d: np.ndarray, s: np.ndarray, w: PreparedWeight) -> np.ndarray:
+    """Sub-block terms fl(fl(a * d_x) * isum) (+/- fl(m * s_x)), tree-summed in K order, of the
+    quantized activations (q holding the integers as float64, d, s)."""
     n_sub, sub_len, n = w.qw.shape
-    t = x.shape[0]
-    q, d, s = quantize_rows(x)
+    t = q.shape[0]
     qx = np.empty((n_sub, t, sub_len), F32)  # exact integers
     qx[...] = q.reshape(t, n_sub, sub_len).transpose(1, 0, 2)
     dx = d.T[w.block_of_sub][:, :, None]  # (n_sub, T, 1): the 32-block each sub-block is in
@@ -121,10 +132,9 @@ def _matmul_quant(x: np.ndarray, w: PreparedWeight) -> np.ndarray:
     return y
 
 
-def _matvec_quant(x: np.ndarray, w: PreparedWeight) -> np.ndarray:
+def _matvec_quant(q: np.ndarray, d: np.ndarray, s: np.ndarray, w: PreparedWeight) -> np.ndarray:
     """T = 1: the same terms and tree as ``_matmul_quant``, in far fewer numpy calls."""
     n_sub, sub_len, _ = w.qw.shape
-    q, d, s = quantize_rows(x)
     per_block = 32 // sub_len  # sub-blocks per activation block: 1, or 2 for Q6_K
     dx = d[0] if per_block == 1 else np.repeat(d[0], per_block)  # d_x of each sub-block
     # integer dot products below 2^24 are exact in float32 in any order: BLAS is safe here

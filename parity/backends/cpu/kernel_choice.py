@@ -1,11 +1,13 @@
 """Which implementation the cpu backend runs, and on how many threads.
 
-``numpy`` is the readable definition of every op (``ops.py``, ``parity.quant``); ``numba`` runs
-the same operations, compiled (``jit/``), bit for bit the same results. The choice, highest
-precedence first: the ``kernels=`` constructor argument, ``PARITY_CPU_KERNELS``, the config
-file's ``[backends.cpu] kernels = ...``, then ``numba`` when it can be imported, else
-``numpy``. ``threads`` (argument, then ``[backends.cpu] threads``) defaults to every core numba
-may use; results never depend on it.
+``definition`` is the readable definition of every op (``ops.py``, ``parity.quant``): the
+oracle, what the conformance kit and ``parity compare`` measure against. ``numpy`` is the
+definition with numpy kernels that are faster than it; ``numba`` runs the same operations,
+compiled (``jit/``). All three give the same bits. The choice, highest precedence first: the
+``kernels=`` constructor argument, ``PARITY_CPU_KERNELS``, the config file's
+``[backends.cpu] kernels = ...``, then ``numba`` when it can be imported, else ``numpy``.
+``threads`` (argument, then ``[backends.cpu] threads``) defaults to every core numba may use;
+results never depend on it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from parity.errors import ConfigError
 
 ENV = "PARITY_CPU_KERNELS"
-MODES = ("numpy", "numba")
+MODES = ("numba", "numpy", "definition")
 
 
 def numba_problem() -> str | None:
@@ -55,11 +57,11 @@ def choose_mode(requested: str | None, options: Mapping[str, Any], env: Mapping[
 
 
 def choose_threads(requested: int | None, options: Mapping[str, Any], mode: str) -> int:
-    """Threads for the numba kernels (1 under numpy, whose BLAS has its own settings)."""
+    """Threads for the numba kernels (1 otherwise: numpy's BLAS has its own settings)."""
     value, where = requested, "threads={!r} (argument)"
     if value is None:
         value, where = options.get("threads"), "[backends.cpu] threads = {!r}"
-    if mode == "numpy":
+    if mode != "numba":
         return 1
     import numba
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from parity import quant
 from parity.numerics import F32, exp, tree_sum, tree_sum_leading
-from parity.quant import PreparedWeight
+from parity.quant import PreparedWeight, Q8Activations
 
 CHUNK = 256  # attention reduces positions in chunks of this many slots, aligned at position 0
 
@@ -144,12 +144,22 @@ def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
 # --- matrix products -------------------------------------------------------------------------
 
 
-def matmul(x: np.ndarray, weight: PreparedWeight, bias: np.ndarray | None = None) -> np.ndarray:
-    """``x @ weight.T`` by parity.quant's contract, then ``add(y, bias)`` if a bias is given."""
+def matmul(
+    x: np.ndarray | Q8Activations, weight: PreparedWeight, bias: np.ndarray | None = None
+) -> np.ndarray:
+    """``x @ weight.T`` by parity.quant's contract, then ``add(y, bias)`` if a bias is given.
+    ``x`` may come quantized already (``quantize``), for a quantized weight."""
     y = quant.matmul(x, weight)  # (n_tokens, n_out)
     if bias is not None:
         y = add(y, bias)
     return y
+
+
+def quantize(x: np.ndarray) -> Q8Activations:
+    """The activation quantization MATMUL applies to x (docs/numerics.md), on its own: for
+    several matrix products that read one x."""
+    check_rows("quantize", x)
+    return quant.quantize_activations(x)
 
 
 # --- positions -------------------------------------------------------------------------------
@@ -335,6 +345,31 @@ def attention(
                     num = num + num_c
             out[t] = (num / den[:, None]).reshape(-1)  # fl(num / den)
     return out
+
+
+# --- fused ops: exact compositions of the ops above ----------------------------------------
+
+
+def rms_norm_mul(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """MUL(RMS_NORM(x, eps), w): the norm and its weight, both roundings kept."""
+    return mul(rms_norm(x, eps), w)
+
+
+def matmul_add(
+    x: np.ndarray | Q8Activations,
+    weight: PreparedWeight,
+    residual: np.ndarray,
+    bias: np.ndarray | None = None,
+) -> np.ndarray:
+    """ADD(residual, MATMUL(x, weight[, bias])): a projection added to the residual stream."""
+    return add(residual, matmul(x, weight, bias))
+
+
+def matmul_swiglu(
+    x: np.ndarray | Q8Activations, w_gate: PreparedWeight, w_up: PreparedWeight
+) -> np.ndarray:
+    """SWIGLU(MATMUL(x, w_gate), MATMUL(x, w_up)): the FFN's gate and up projections."""
+    return swiglu(matmul(x, w_gate), matmul(x, w_up))
 
 
 # --- reductions ------------------------------------------------------------------------------

@@ -3,9 +3,13 @@
 Values are carriers (``binary32``: each fl() of the contract is one ``add``/``sub``/``mul``/
 ``div``/``sqrt``), except the KV caches, which stay float32 arrays (``kv_write`` writes rows
 into them; ``attention`` widens the rows it reads), and ids, positions and ARGMAX results,
-which are int32. Weight operands of GET_ROWS and MATMUL arrive as a ``DeviceWeight``; every
-other weight (norms, biases, RoPE tables) as its carrier array. Position and id values are
-valid: the host checks them before a graph runs (docs/numerics.md).
+which are int32, and quantized activations (Q8A), which are a ``quant.Q8`` of int8 quants and
+carrier scales. Weight operands of the matrix products and GET_ROWS arrive as a
+``DeviceWeight``; every other weight (norms, biases, RoPE tables) as its carrier array.
+Position and id values are valid: the host checks them before a graph runs (docs/numerics.md).
+
+The fused ops (``ir.FUSED``) are their compositions written out: the same kernels in a row,
+every rounding kept, so they give the unfused oracle's bits by construction.
 """
 
 from __future__ import annotations
@@ -46,8 +50,9 @@ def get_rows(w: DeviceWeight, ids: jax.Array, arg: None) -> jax.Array:
     return quant.get_rows(w.arrays, w.dtype, ids)
 
 
-def slice_rows(x: jax.Array, arg: SliceArg) -> jax.Array:
-    return x[arg.start : arg.start + arg.count]
+def slice_rows(x: jax.Array | quant.Q8, arg: SliceArg) -> jax.Array | quant.Q8:
+    rows = slice(arg.start, arg.start + arg.count)
+    return quant.Q8(*(a[rows] for a in x)) if isinstance(x, quant.Q8) else x[rows]
 
 
 def add_op(a: jax.Array, b: jax.Array, arg: None) -> jax.Array:
@@ -75,9 +80,17 @@ def rms_norm(x: jax.Array, arg: float) -> jax.Array:
     return mul(x, scale[:, None])
 
 
-def matmul(x: jax.Array, w: DeviceWeight, bias: jax.Array | None = None, *, arg: None) -> jax.Array:
+def matmul(
+    x: jax.Array | quant.Q8, w: DeviceWeight, bias: jax.Array | None = None, *, arg: None = None
+) -> jax.Array:
+    """x @ w.T (+ bias); x is a carrier, or already quantized (``quantize``) for a quantized w."""
     y = quant.matmul(x, w.arrays, w.dtype)  # (n_tokens, n_out)
     return y if bias is None else add(y, bias)
+
+
+def quantize(x: jax.Array, arg: None) -> quant.Q8:
+    """QUANTIZE: the activation quantization MATMUL applies to x, on its own."""
+    return quant.quantize_activations(x)
 
 
 def rope(
@@ -146,7 +159,8 @@ def _attention_block(
         scores, m = acc
         k = rows(k_cache, c).transpose(2, 1, 0)[:, None, :, None, :]  # (d, 1, g, 1, CHUNK)
         s = mul(tree_sum(mul(qd, k), axis=0), arg.scale)  # (t, g, rep, CHUNK)
-        m = jnp.maximum(m, jnp.max(jnp.where(seen(c), s, -jnp.inf), axis=-1))  # exact; NaN wins
+        chunk = quant.nan_max(jnp.where(seen(c), s, -jnp.inf), axis=-1)  # exact; NaN wins
+        m = jnp.where(jnp.isnan(m) | jnp.isnan(chunk), jnp.nan, jnp.maximum(m, chunk))
         return lax.dynamic_update_slice_in_dim(scores, s, c * CHUNK, axis=3), m
 
     slots = k_cache.shape[0]
@@ -172,6 +186,31 @@ def _attention_block(
     return div(num, den[..., None]).reshape(t, arg.n_head * d)  # fl(num / den)
 
 
+# --- fused ops: exact compositions of the kernels above ------------------------------------
+
+
+def rms_norm_mul(x: jax.Array, w: jax.Array, arg: float) -> jax.Array:
+    """RMS_NORM_MUL: MUL(RMS_NORM(x, eps), w), both roundings kept."""
+    return mul(rms_norm(x, arg), w)
+
+
+def matmul_add(x: jax.Array | quant.Q8, w: DeviceWeight, *rest: jax.Array, arg: None) -> jax.Array:
+    """MATMUL_ADD (x, w[, bias], residual): ADD(residual, MATMUL(x, w[, bias]))."""
+    *bias, residual = rest
+    return add(residual, matmul(x, w, *bias))
+
+
+def matmul_swiglu(
+    x: jax.Array | quant.Q8, w_gate: DeviceWeight, w_up: DeviceWeight, arg: None
+) -> jax.Array:
+    """MATMUL_SWIGLU: SWIGLU(MATMUL(x, w_gate), MATMUL(x, w_up)); an F32 x read by two
+    quantized weights is quantized once (each product would quantize it to the same bits)."""
+    quantized = "qw" in w_gate.arrays and "qw" in w_up.arrays
+    if quantized and not isinstance(x, quant.Q8):
+        x = quant.quantize_activations(x)
+    return swiglu(matmul(x, w_gate), matmul(x, w_up), None)
+
+
 def argmax(x: jax.Array, arg: None) -> jax.Array:
     """First index of the row maximum; NaN beats every number (numpy's argmax)."""
     return jnp.argmax(x, axis=1).astype(jnp.int32)
@@ -187,8 +226,12 @@ KERNELS: dict[Op, Callable[..., jax.Array]] = {
     Op.SWIGLU: swiglu,
     Op.RMS_NORM: rms_norm,
     Op.MATMUL: matmul,
+    Op.QUANTIZE: quantize,
     Op.ROPE: rope,
     Op.KV_WRITE: kv_write,
     Op.ATTENTION: attention,
     Op.ARGMAX: argmax,
+    Op.RMS_NORM_MUL: rms_norm_mul,
+    Op.MATMUL_ADD: matmul_add,
+    Op.MATMUL_SWIGLU: matmul_swiglu,
 }

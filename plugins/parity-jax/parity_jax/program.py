@@ -7,8 +7,9 @@ structure, so equal structures (every decode step, or every layer's matmul under
 ``jit = "op"``) share one compiled function. ``lower`` turns graph nodes into a program plus
 the ``Binding`` that says which nodes and weights feed it.
 
-Float values cross the program's boundary as float32 arrays; inside, a value is a carrier
-(``binary32``) except where the contract works on float32 storage: the KV caches.
+Float values cross the program's boundary as float32 arrays (a Q8A value as a ``quant.Q8``
+whose scales are float32); inside, a value is a carrier (``binary32``) except where the
+contract works on float32 storage: the KV caches.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from parity.core.dtypes import DType
 from parity.core.ir import Graph, Op
 from parity_jax.binary32 import narrow, widen
 from parity_jax.ops import KERNELS, DeviceWeight
+from parity_jax.quant import Q8
 
 # float operands an op reads as float32 storage rather than as carriers
 STORAGE_OPERANDS = frozenset({(Op.KV_WRITE, 0), (Op.ATTENTION, 1), (Op.ATTENTION, 2)})
@@ -119,8 +121,9 @@ def run(
 ) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
     """Trace ``program``: (outputs as float32/int32 arrays, the states' new contents)."""
     # every value with whether it is float32 storage (True) or a carrier / int array (False)
+    stored = (DType.F32, DType.Q8A)
     inputs = {
-        "value": [(v, t is DType.F32) for v, t in zip(values, program.value_types, strict=True)],
+        "value": [(v, t in stored) for v, t in zip(values, program.value_types, strict=True)],
         "state": [(s, True) for s in states],
     }
     results: list[tuple[jax.Array, bool]] = []
@@ -133,19 +136,27 @@ def run(
             return arrays["w"]  # a float weight read as values (norm, bias, rope table)
         value, storage = results[ref.index] if ref.table == "step" else inputs[ref.table][ref.index]
         wanted = (op, k) in STORAGE_OPERANDS
-        if value.dtype == jax.numpy.int32 or storage == wanted:
+        if storage == wanted:
             return value
-        return narrow(value) if wanted else widen(value)
+        return _floats(narrow if wanted else widen, value)
 
     for step in program.steps:
         args = [operand(ref, step.op, k) for k, ref in enumerate(step.srcs)]
         value = kernel(step.op, step.arg)(*args)
         results.append((value, step.op in STORAGE_RESULTS))
     outputs = tuple(
-        narrow(value) if value.dtype == jax.numpy.float64 else value
-        for value, _ in (results[i] for i in program.outputs)
+        value if storage else _floats(narrow, value)
+        for value, storage in (results[i] for i in program.outputs)
     )
     return outputs, tuple(results[i][0] for i in program.writes)
+
+
+def _floats(convert: Callable[[jax.Array], jax.Array], value: Any) -> Any:
+    """``value`` with ``convert`` (``widen`` or ``narrow``) applied to its float arrays: the
+    array itself, or a Q8's scales; int32 values (ids, positions, ARGMAX) pass."""
+    if isinstance(value, Q8):
+        return Q8(value.q, convert(value.d), convert(value.s))
+    return value if value.dtype == jax.numpy.int32 else convert(value)
 
 
 @functools.lru_cache(maxsize=512)

@@ -5,12 +5,18 @@ weights keep parity.quant's sub-block form, laid out block-major like the numpy 
 int8 ``(S, L, N)`` (sub-block, element, row), scales ``a`` and mins ``m`` as carriers
 ``(S, N)``. Float weights (F32, F16, BF16) are their exact values as a carrier ``(N, K)`` (or
 ``(K,)`` for a row vector). The jax functions below run on carriers (``binary32``).
+
+Quantized activations (a Q8A value) are a ``Q8``: int8 quants ``q`` (T, K), the blocks' scales
+``d`` and scaled sums ``s`` (T, K/32), as carriers inside a program and as float32 arrays
+outside (in a buffer, between programs).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +34,14 @@ TEMP_ELEMENTS = 1 << 22  # largest (terms, rows, columns) temporary formed at on
 DOT_ROWS = 2  # XLA:CPU turns a one-row batched dot into a slow loop (10x); two rows are not
 
 Weight = dict[str, jax.Array]
+
+
+class Q8(NamedTuple):
+    """A Q8A value: ``q`` int8 (T, K), ``d`` and ``s`` (T, K/32); a pytree (a tuple)."""
+
+    q: jax.Array
+    d: jax.Array
+    s: jax.Array
 
 
 def prepare_weight(weight: WeightData) -> dict[str, np.ndarray]:
@@ -63,25 +77,32 @@ def get_rows(w: Weight, dtype: DType, ids: jax.Array) -> jax.Array:
     return _dequantize_columns(w, dtype, ids)
 
 
-def quantize_activations(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def nan_max(x: jax.Array, axis: int) -> jax.Array:
+    """The maximum along ``axis``, NaN where the values hold a NaN (max is exact in any order).
+    The NaN is tested for on its own: XLA:CPU's vectorized max reduction may drop it."""
+    return jnp.where(jnp.isnan(x).any(axis=axis), jnp.nan, jnp.max(x, axis=axis))
+
+
+def quantize_activations(x: jax.Array) -> Q8:
     """The contract's Q8 activations of carrier x (T, K): int8 q (T, K), scale d and scaled sum
-    s (T, K/32) as carriers."""
+    s (T, K/32) as carriers (QUANTIZE, and what MATMUL does to an F32 x)."""
     t, k = x.shape
     xb = x.reshape(t, k // QK, QK)
-    amax = jnp.max(jnp.abs(xb), axis=-1)  # exact; NaN propagates
+    amax = nan_max(jnp.abs(xb), axis=-1)  # exact; NaN propagates
     d = div(amax, 127.0)
     v = div(xb, d[..., None])  # correctly rounded, not x * (1 / d)
     v = jnp.where(jnp.isfinite(v), v, 0.0)  # d = 0, NaN or inf: the whole block is 0
     q = jnp.clip(jnp.trunc(v + jnp.copysign(0.5, v)), -127.0, 127.0)  # ties away; exact
     s = mul(d, jnp.sum(q, axis=-1))  # the sum of <= 32 small integers is exact
-    return q.astype(jnp.int8).reshape(t, k), d, s
+    return Q8(q.astype(jnp.int8).reshape(t, k), d, s)
 
 
-def _matmul_quant(x: jax.Array, w: Weight, dtype: DType) -> jax.Array:
-    """term_s = fl(fl(a * d_x) * isum_s) (+/- fl(m * s_x)), TREE over sub-blocks s."""
+def _matmul_quant(x: jax.Array | Q8, w: Weight, dtype: DType) -> jax.Array:
+    """term_s = fl(fl(a * d_x) * isum_s) (+/- fl(m * s_x)), TREE over sub-blocks s; x is a
+    carrier (quantized here) or already quantized."""
     n_sub, sub_len, _ = w["qw"].shape
-    t = x.shape[0]
-    q, d, s = quantize_activations(x)
+    q, d, s = x if isinstance(x, Q8) else quantize_activations(x)
+    t = q.shape[0]
     qs = q.reshape(t, n_sub, sub_len).transpose(1, 0, 2)  # (S, T, L)
     if t < DOT_ROWS:
         qs = jnp.pad(qs, ((0, 0), (0, DOT_ROWS - t), (0, 0)))
@@ -104,17 +125,22 @@ def _matmul_float(x: jax.Array, w: Weight) -> jax.Array:
     return tree_sum(products, axis=0)
 
 
-def matmul(x: jax.Array, w: Weight, dtype: DType) -> jax.Array:
-    """MATMUL without bias: x (T, K) carrier -> (T, N) carrier.
+def matmul(x: jax.Array | Q8, w: Weight, dtype: DType) -> jax.Array:
+    """MATMUL without bias: x (T, K) carrier, or a ``Q8`` for a quantized weight -> (T, N)
+    carrier.
 
     Rows and columns are independent, so large products are formed in blocks (token blocks in
     a ``lax.map``, column blocks one after another) to bound memory; no value depends on it.
     """
     quantized = "qw" in w
+    if isinstance(x, Q8) and not quantized:
+        raise ValueError("matmul: quantized activations need a quantized weight")
     n = w["qw"].shape[2] if quantized else w["w"].shape[0]
     terms = w["qw"].shape[0] if quantized else x.shape[1]
+    rows = tuple(x) if isinstance(x, Q8) else (x,)  # arrays with a common row axis
 
-    def kernel(xb: jax.Array, wb: Weight) -> jax.Array:
+    def kernel(wb: Weight, *xb: jax.Array) -> jax.Array:
+        xb = Q8(*xb) if len(xb) == 3 else xb[0]
         return _matmul_quant(xb, wb, dtype) if quantized else _matmul_float(xb, wb)
 
     per_row = n * terms
@@ -122,9 +148,10 @@ def matmul(x: jax.Array, w: Weight, dtype: DType) -> jax.Array:
         step = max(1, TEMP_ELEMENTS // terms)
         blocks = [_columns(w, c, min(c + step, n)) for c in range(0, n, step)]
         return jnp.concatenate(
-            [map_rows(lambda xb, wb=wb: kernel(xb, wb), x, block=1) for wb in blocks], axis=1
+            [map_rows(functools.partial(kernel, wb), *rows, block=1) for wb in blocks], axis=1
         )
-    return map_rows(lambda xb: kernel(xb, w), x, block=max(1, TEMP_ELEMENTS // per_row))
+    block = max(1, TEMP_ELEMENTS // per_row)
+    return map_rows(functools.partial(kernel, w), *rows, block=block)
 
 
 def _columns(w: Weight, start: int, stop: int) -> Weight:

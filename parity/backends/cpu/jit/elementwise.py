@@ -1,5 +1,6 @@
-"""exp, SILU/SWIGLU, RMS_NORM and ROPE, compiled: the numpy definitions of ``ops.py`` and
-``parity.numerics`` one float32 operation at a time, in the same order (docs/numerics.md).
+"""exp, SILU/SWIGLU, RMS_NORM (and RMS_NORM_MUL), ROPE, KV_WRITE and ARGMAX, compiled: the numpy
+definitions of ``ops.py`` and ``parity.numerics`` one float32 operation at a time, in the same
+order (docs/numerics.md).
 
 Row kernels take a row range ``lo..hi`` so that the same code runs serially (one range) or in
 parallel (``*_parallel``: ranges in a ``prange``); a row's result never depends on which.
@@ -101,6 +102,52 @@ def rms_norm_rows(x: np.ndarray, eps: np.float32, out: np.ndarray, lo: int, hi: 
 
 
 @kernel()
+def rms_norm_mul_rows(
+    x: np.ndarray, eps: np.float32, w: np.ndarray, out: np.ndarray, lo: int, hi: int
+) -> None:
+    """RMS_NORM_MUL: ``rms_norm_rows``, then out = fl(fl(x * scale) * w); rows lo..hi-1."""
+    width = x.shape[1]
+    sq = np.empty(next_pow2(width), F32)
+    tmp = np.empty(max(sq.size // 32, 1), F32)
+    for t in range(lo, hi):
+        for i in range(width):
+            sq[i] = x[t, i] * x[t, i]
+        ss = tree_sum(sq, width, tmp)
+        mean = ss / F32(width)
+        r = np.sqrt(mean + eps)
+        scale = F32(1) / r
+        for i in range(width):
+            out[t, i] = (x[t, i] * scale) * w[i]
+
+
+@kernel()
+def kv_write_rows(cache: np.ndarray, rows: np.ndarray, positions: np.ndarray) -> None:
+    """cache[positions[t]] = rows[t] (positions checked by the runtime: in range, distinct)."""
+    for t in range(rows.shape[0]):
+        p = positions[t]
+        for i in range(rows.shape[1]):
+            cache[p, i] = rows[t, i]
+
+
+@kernel()
+def argmax_rows(x: np.ndarray, out: np.ndarray) -> None:
+    """Per row, the first index of the maximum; the first NaN beats every number."""
+    for t in range(x.shape[0]):
+        best = 0
+        top = x[t, 0]
+        if top == top:
+            for i in range(1, x.shape[1]):
+                v = x[t, i]
+                if v != v:
+                    best = i
+                    break
+                if v > top:
+                    top = v
+                    best = i
+        out[t] = best
+
+
+@kernel()
 def rope_rows(
     x: np.ndarray,
     positions: np.ndarray,
@@ -152,6 +199,15 @@ def rms_norm_parallel(x: np.ndarray, eps: np.float32, out: np.ndarray, chunks: i
     n = x.shape[0]
     for c in prange(chunks):
         rms_norm_rows(x, eps, out, c * n // chunks, (c + 1) * n // chunks)
+
+
+@kernel(parallel=True)
+def rms_norm_mul_parallel(
+    x: np.ndarray, eps: np.float32, w: np.ndarray, out: np.ndarray, chunks: int
+) -> None:
+    n = x.shape[0]
+    for c in prange(chunks):
+        rms_norm_mul_rows(x, eps, w, out, c * n // chunks, (c + 1) * n // chunks)
 
 
 @kernel(parallel=True)

@@ -1,5 +1,10 @@
-"""The compiled kernels as CpuBackend ops: the numpy definition's argument checks (``ops.py``),
-then the kernel; same signatures, same results bit for bit.
+"""The compiled kernels as CpuBackend ops, in two forms with the same results bit for bit:
+
+- writers, ``*_into(out, *sources, arg)``: what the backend runs, into the buffers it bound at
+  prepare (``WRITERS``). They check nothing: the graph was verified, the runtime checked ids and
+  positions, and the backend made the buffers.
+- ``*_op(...)``: the numpy definition's signature and argument checks (``ops.py``), then the
+  writer into a new array; for direct use and the tests.
 
 Weights arrive as ``PackedWeight``: the GGUF bytes where they lie, never unpacked. Each op runs
 serially when its work is small (a parallel region costs a few microseconds to start) and over
@@ -18,8 +23,9 @@ from parity.backends.cpu import ops
 from parity.backends.cpu.jit import activation, attention, elementwise, matmul
 from parity.backends.cpu.jit.blocks import F16_TABLE
 from parity.core.dtypes import DType
-from parity.core.ir import AttentionArg, Op, RopeArg
+from parity.core.ir import AttentionArg, Op, RopeArg, SliceArg
 from parity.core.weights import WeightData
+from parity.quant import Q8Activations
 from parity.quant.blocks import check_bytes, parse_type
 
 F32 = np.float32
@@ -53,19 +59,41 @@ def chunks(work: int, rows: int) -> int:
     return min(rows, 4 * numba.get_num_threads())
 
 
+def quantize_into(out: Q8Activations, x: np.ndarray, arg: object = None) -> None:
+    """QUANTIZE: ``parity.quant.quantize_activations`` of float32 (T, K) into ``out``."""
+    t, k = x.shape
+    if t * k < PARALLEL_WORK or t < 2:
+        activation.quantize_rows(x, out.q, out.d, out.s)
+    else:
+        activation.quantize_parallel(x, out.q, out.d, out.s)
+
+
 def quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``parity.quant.quantize_activations`` of float32 (T, K): (q int8, d, s float32)."""
     t, k = x.shape
     if k % 32:
         raise ValueError(f"quantize_activations needs K a multiple of 32, got K = {k}")
-    q = np.empty((t, k), np.int8)
-    d = np.empty((t, k // 32), F32)
-    s = np.empty((t, k // 32), F32)
-    if t * k < PARALLEL_WORK or t < 2:
-        activation.quantize_rows(x, q, d, s)
-    else:
-        activation.quantize_parallel(x, q, d, s)
-    return q, d, s
+    out = Q8Activations(np.empty((t, k), np.int8), np.empty((t, k // 32), F32),
+                        np.empty((t, k // 32), F32))  # fmt: skip
+    quantize_into(out, np.ascontiguousarray(x))
+    return out.q, out.d, out.s
+
+
+def matmul_into(
+    out: np.ndarray, x: np.ndarray | Q8Activations, weight: PackedWeight, *rest: object
+) -> None:
+    """MATMUL into ``out`` (T, N): x float32 for a float weight, quantized (``Q8Activations``)
+    for a quantized one; ``rest`` is (bias, arg) or (arg,)."""
+    n, k = weight.shape
+    t = out.shape[0]
+    if t:
+        split = chunks(t * n * k, n)
+        if weight.dtype.is_quantized:
+            matmul.QUANT[weight.dtype.value](weight.raw, x.q, x.d, x.s, F16_TABLE, out, split)
+        else:
+            matmul.FLOAT[weight.dtype.value](weight.raw, x, F16_TABLE, out, split)
+    if len(rest) == 2:
+        np.add(out, rest[0], out)  # fl(y + bias)
 
 
 def matmul_op(
@@ -84,18 +112,18 @@ def matmul_op(
             f"{weight.shape}; got {got}"
         )
     x = np.ascontiguousarray(x)
-    t = x.shape[0]
-    y = np.empty((t, n), F32)
-    if t:
-        split = chunks(t * n * k, n)
-        if weight.dtype.is_quantized:
-            q, d, s = quantize(x) if xq is None else xq
-            matmul.QUANT[weight.dtype.value](weight.raw, q, d, s, F16_TABLE, y, split)
-        else:
-            matmul.FLOAT[weight.dtype.value](weight.raw, x, F16_TABLE, y, split)
+    y = np.empty((x.shape[0], n), F32)
+    if weight.dtype.is_quantized and x.shape[0]:
+        x = Q8Activations(*(quantize(x) if xq is None else xq))
+    matmul_into(y, x, weight, None)
     if bias is not None:
         y = ops.add(y, bias)
     return y
+
+
+def get_rows_into(out: np.ndarray, weight: PackedWeight, ids: np.ndarray, arg: object) -> None:
+    """GET_ROWS into ``out``: rows ``ids`` (in range), dequantized."""
+    matmul.GET_ROWS[weight.dtype.value](weight.raw, ids, F16_TABLE, out)
 
 
 def get_rows_op(weight: PackedWeight, ids: np.ndarray) -> np.ndarray:
@@ -110,44 +138,79 @@ def get_rows_op(weight: PackedWeight, ids: np.ndarray) -> np.ndarray:
             f"get_rows: id {int(ids[bad][0])} is out of range for a weight of {n_rows} rows"
         )
     out = np.empty((ids.size, k), F32)
-    matmul.GET_ROWS[weight.dtype.value](weight.raw, ids.astype(np.int64), F16_TABLE, out)
+    get_rows_into(out, weight, ids.astype(np.int64), None)
     return out
+
+
+def silu_into(out: np.ndarray, x: np.ndarray, arg: object = None) -> None:
+    split = chunks(x.size, x.shape[0])
+    if split == 1:
+        elementwise.silu_rows(x, out, 0, x.shape[0])
+    else:
+        elementwise.silu_parallel(x, out, split)
 
 
 def silu_op(x: np.ndarray) -> np.ndarray:
     ops.check_rows("silu", x)
     x = np.ascontiguousarray(x)
     out = np.empty_like(x)
-    split = chunks(x.size, x.shape[0])
-    if split == 1:
-        elementwise.silu_rows(x, out, 0, x.shape[0])
-    else:
-        elementwise.silu_parallel(x, out, split)
+    silu_into(out, x)
     return out
+
+
+def swiglu_into(out: np.ndarray, gate: np.ndarray, up: np.ndarray, arg: object = None) -> None:
+    split = chunks(gate.size, gate.shape[0])
+    if split == 1:
+        elementwise.swiglu_rows(gate, up, out, 0, gate.shape[0])
+    else:
+        elementwise.swiglu_parallel(gate, up, out, split)
 
 
 def swiglu_op(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     ops.check_swiglu(gate, up)
     gate, up = np.ascontiguousarray(gate), np.ascontiguousarray(up)
     out = np.empty_like(gate)
-    split = chunks(gate.size, gate.shape[0])
-    if split == 1:
-        elementwise.swiglu_rows(gate, up, out, 0, gate.shape[0])
-    else:
-        elementwise.swiglu_parallel(gate, up, out, split)
+    swiglu_into(out, gate, up)
     return out
+
+
+def rms_norm_into(out: np.ndarray, x: np.ndarray, eps: float) -> None:
+    split = chunks(x.size, x.shape[0])
+    if split == 1:
+        elementwise.rms_norm_rows(x, F32(eps), out, 0, x.shape[0])
+    else:
+        elementwise.rms_norm_parallel(x, F32(eps), out, split)
 
 
 def rms_norm_op(x: np.ndarray, eps: float) -> np.ndarray:
     ops.check_rms_norm(x, eps)
     x = np.ascontiguousarray(x)
     out = np.empty_like(x)
+    rms_norm_into(out, x, eps)
+    return out
+
+
+def rms_norm_mul_into(out: np.ndarray, x: np.ndarray, w: np.ndarray, eps: float) -> None:
+    """RMS_NORM_MUL: fl(fl(x * scale) * w), both roundings of the composition kept."""
     split = chunks(x.size, x.shape[0])
     if split == 1:
-        elementwise.rms_norm_rows(x, F32(eps), out, 0, x.shape[0])
+        elementwise.rms_norm_mul_rows(x, F32(eps), w, out, 0, x.shape[0])
     else:
-        elementwise.rms_norm_parallel(x, F32(eps), out, split)
-    return out
+        elementwise.rms_norm_mul_parallel(x, F32(eps), w, out, split)
+
+
+def rope_into(
+    out: np.ndarray, x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+    arg: RopeArg,
+) -> None:  # fmt: skip
+    n_head, head_dim, n_rot, neox = arg.n_head, arg.head_dim, arg.n_rot, arg.mode == "neox"
+    split = chunks(x.size, x.shape[0])
+    if split == 1:
+        elementwise.rope_rows(
+            x, positions, cos, sin, n_head, head_dim, n_rot, neox, out, 0, x.shape[0]
+        )
+    else:
+        elementwise.rope_parallel(x, positions, cos, sin, n_head, head_dim, n_rot, neox, out, split)
 
 
 def rope_op(
@@ -157,15 +220,25 @@ def rope_op(
     ops.check_rope(x, positions, cos, sin, n_head=n_head, head_dim=head_dim, n_rot=n_rot, mode=mode)
     x = np.ascontiguousarray(x)
     out = np.empty_like(x)
-    neox = mode == "neox"
-    split = chunks(x.size, x.shape[0])
-    if split == 1:
-        elementwise.rope_rows(
-            x, positions, cos, sin, n_head, head_dim, n_rot, neox, out, 0, x.shape[0]
-        )
-    else:
-        elementwise.rope_parallel(x, positions, cos, sin, n_head, head_dim, n_rot, neox, out, split)
+    rope_into(out, x, positions, cos, sin, arg)
     return out
+
+
+def attention_into(
+    out: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray,
+    arg: AttentionArg,
+) -> None:  # fmt: skip
+    if q.shape[0] == 0:
+        return
+    n_head, n_head_kv, scale = arg.n_head, arg.n_head_kv, F32(arg.scale)
+    n_keys = int(positions.max()) + 1
+    pairs = q.shape[0] * n_head
+    split = chunks(pairs * n_keys * arg.head_dim * 2, pairs)
+    if split == 1:
+        kt = attention.keys_by_dim(k, n_keys, n_head_kv)
+        attention.attention_rows(q, kt, v, positions, n_head, scale, out, 0, pairs)
+    else:
+        attention.attention_parallel(q, k, v, positions, n_head, n_head_kv, scale, out, split)
 
 
 def attention_op(
@@ -177,27 +250,49 @@ def attention_op(
     )
     q, k, v = np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v)
     out = np.empty_like(q)
-    if q.shape[0] == 0:
-        return out
-    pairs = q.shape[0] * n_head
-    work = pairs * (int(positions.max()) + 1) * head_dim * 2
-    split = chunks(work, pairs)
-    if split == 1:
-        kt = attention.keys_by_dim(k, int(positions.max()) + 1, n_head_kv)
-        attention.attention_rows(q, kt, v, positions, n_head, F32(scale), out, 0, pairs)
-    else:
-        attention.attention_parallel(q, k, v, positions, n_head, n_head_kv, F32(scale), out, split)
+    attention_into(out, q, k, v, positions, arg)
     return out
 
 
-# op -> f(*source values, arg=node.arg), as in backend.KERNELS; the ops not listed here
-# (ADD, MUL, SLICE_ROWS, KV_WRITE, ARGMAX) are single numpy calls already
-KERNELS: dict[Op, Callable[..., np.ndarray]] = {
-    Op.GET_ROWS: lambda w, ids, arg: get_rows_op(w, ids),
-    Op.SILU: lambda x, arg: silu_op(x),
-    Op.SWIGLU: lambda g, u, arg: swiglu_op(g, u),
-    Op.RMS_NORM: lambda x, arg: rms_norm_op(x, arg),
-    Op.MATMUL: lambda x, w, b=None, arg=None: matmul_op(x, w, b),
-    Op.ROPE: lambda x, pos, cos, sin, arg: rope_op(x, pos, cos, sin, arg=arg),
-    Op.ATTENTION: lambda q, k, v, pos, arg: attention_op(q, k, v, pos, arg=arg),
+def kv_write_into(
+    out: np.ndarray, cache: np.ndarray, rows: np.ndarray, positions: np.ndarray, arg: object
+) -> None:
+    """KV_WRITE: rows into the cache (``out`` is the cache itself)."""
+    elementwise.kv_write_rows(cache, rows, positions)
+
+
+def argmax_into(out: np.ndarray, x: np.ndarray, arg: object) -> None:
+    elementwise.argmax_rows(x, out)
+
+
+def add_into(out: np.ndarray, a: np.ndarray, b: np.ndarray, arg: object) -> None:
+    np.add(a, b, out)
+
+
+def mul_into(out: np.ndarray, a: np.ndarray, b: np.ndarray, arg: object) -> None:
+    np.multiply(a, b, out)
+
+
+def slice_rows_into(out: np.ndarray, x: np.ndarray, arg: SliceArg) -> None:
+    np.copyto(out, x[arg.start : arg.start + arg.count])
+
+
+# op -> writer(out, *source values, arg) for every op that is one kernel call; matrix products
+# of F32 x by a quantized weight, and the fused ops, are sequences of these (the backend's
+# expansion), with their temporaries in the arena
+WRITERS: dict[Op, Callable[..., None]] = {
+    Op.GET_ROWS: get_rows_into,
+    Op.SLICE_ROWS: slice_rows_into,
+    Op.ADD: add_into,
+    Op.MUL: mul_into,
+    Op.SILU: silu_into,
+    Op.SWIGLU: swiglu_into,
+    Op.RMS_NORM: rms_norm_into,
+    Op.RMS_NORM_MUL: rms_norm_mul_into,
+    Op.MATMUL: matmul_into,
+    Op.QUANTIZE: quantize_into,
+    Op.ROPE: rope_into,
+    Op.KV_WRITE: kv_write_into,
+    Op.ATTENTION: attention_into,
+    Op.ARGMAX: argmax_into,
 }

@@ -1,0 +1,448 @@
+"""Step I/O a device can keep: host buffers the runtime owns, a decode step that allocates
+nothing, greedy decode that moves one 4-byte id per step, inputs checked before any backend
+sees them, weights registered at load (derived ones from metadata alone), caches zeroed on
+the device, and captures that replay on the buffers bound at prepare."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import parity
+from parity import quant
+from parity.arch.decoder import DecoderGraphs, build_decoder, graph_inputs
+from parity.arch.params import GraphParams
+from parity.arch.synthetic import synthetic_model, tiny_spec, write_model_gguf
+from parity.backends.cpu import ops
+from parity.backends.cpu.backend import CpuBackend
+from parity.core import weights as weight_ops
+from parity.core.backend import CaptureResult, Device, Executable
+from parity.core.dtypes import DType
+from parity.core.ir import Op
+from parity.core.runtime import Runtime
+from parity.errors import BackendError, InputError
+from parity.generation.session import Session
+from parity.gguf.writer import tiny_bpe_tokenizer
+
+N_CTX = 128
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def model(request):
+    return synthetic_model(tiny_spec(request.param), seed=5)
+
+
+class Counting(CpuBackend):
+    """The cpu backend as a device: host<->device bytes, device copies and kernels counted."""
+
+    name = "counting"
+
+    def __init__(self, **kwargs):
+        super().__init__(Device("counting"), **kwargs)
+        self.up = self.down = self.copies = self.executes = self.zeroes = 0
+        self.loaded: list[str] = []
+        self.batches: list[list[str]] = []
+
+    def upload(self, buffer, host):
+        self.up += host.nbytes
+        super().upload(buffer, host)
+
+    def download(self, buffer, out):
+        self.down += out.nbytes
+        super().download(buffer, out)
+
+    def copy_from(self, dst, src, source):
+        self.copies += 1
+        return super().copy_from(dst, src, source)
+
+    def execute(self, executable):
+        self.executes += 1
+        super().execute(executable)
+
+    def zero(self, buffer, dtype, shape):
+        self.zeroes += 1
+        super().zero(buffer, dtype, shape)
+
+    def load_weight(self, weight):
+        self.loaded.append(weight.name)
+
+    def register_weights(self, weights, *, graphs=(), progress=None):
+        self.batches.append([w.name for w in weights])
+        super().register_weights(weights, graphs=graphs, progress=progress)
+
+    def moved(self) -> tuple[int, int]:
+        """(bytes up, bytes down) since the last call."""
+        up, down = self.up, self.down
+        self.up = self.down = 0
+        return up, down
+
+
+def session_on(backend, model) -> Session:
+    spec, weights = model
+    return Session(Runtime([backend], weights), DecoderGraphs(spec), N_CTX, n_batch=16)
+
+
+# -- 1. step I/O ----------------------------------------------------------------------------
+
+
+def test_the_runtime_owns_each_steps_host_buffers(model):
+    spec, weights = model
+    runtime = Runtime([CpuBackend(Device("cpu"))], weights)
+    graph = build_decoder(spec, GraphParams(n_tokens=3, n_ctx=N_CTX))
+    step = runtime.step(graph)
+    assert runtime.step(graph) is step  # prepared once
+    assert set(step.inputs) == {"tokens", "positions"}
+    assert step.inputs["tokens"].shape == (3,) and step.inputs["tokens"].dtype == np.int32
+    (out,) = graph.outputs
+    assert set(step.outputs) == {out} and step.outputs[out].shape == (1, spec.n_vocab)
+    held = step.outputs[out]
+    step.inputs["tokens"][...] = [3, 1, 4]
+    step.inputs["positions"][...] = [0, 1, 2]
+    step.run()
+    want = runtime.run(graph, graph_inputs(np.array([3, 1, 4]), 0))[out]
+    assert step.outputs[out] is held and held.tobytes() == want.tobytes()
+
+
+class Measured(CpuBackend):
+    """Marks where its kernels start and ends with a fresh tracemalloc peak, so that what a
+    step's own code (runtime, session) allocates can be told from what the kernels use."""
+
+    name = "measured"
+
+    def __init__(self):
+        super().__init__(Device("measured"))
+        self.marks: list[int] = []
+
+    def execute(self, executable):
+        if tracemalloc.is_tracing():
+            self.marks.append(tracemalloc.get_traced_memory()[1])
+        super().execute(executable)
+        if tracemalloc.is_tracing():
+            tracemalloc.reset_peak()
+
+
+ITERATORS = 512  # bytes: the few loop iterators a step keeps alive at once
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+def test_a_decode_step_allocates_nothing(model, greedy):
+    """64 decode steps through the session and the runtime: nothing they allocate outlives a
+    step, and at no moment do they hold more than a few loop iterators (no dict, no list, no
+    array a step builds for itself); the kernels' own scratch is theirs."""
+    backend = Measured()
+    session = session_on(backend, model)
+    token = session.prefill([5, 9, 13], greedy=greedy)
+
+    def step(token: int) -> int:
+        if greedy:
+            return session.step(token, greedy=True)
+        session.step(7, greedy=False)  # sampled: the host picks the token
+        return 7
+
+    for _ in range(4):  # warm: compiled, fed from the device, position kept there
+        token = step(token)
+    tracemalloc.start()
+    try:
+        token = step(token)  # what one step leaves for the next is traced from here on
+        before = tracemalloc.take_snapshot()
+        worst = 0
+        for _ in range(64):
+            backend.marks.clear()
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
+            token = step(token)
+            peak = tracemalloc.get_traced_memory()[1]
+            worst = max(worst, peak - base, *(m - base for m in backend.marks))
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    ours = [tracemalloc.Filter(True, "*/parity/core/*"),
+            tracemalloc.Filter(True, "*/parity/generation/*")]  # fmt: skip
+    growth = after.filter_traces(ours).compare_to(before.filter_traces(ours), "lineno")
+    assert sum(max(s.size_diff, 0) for s in growth) == 0, growth[:3]
+    assert worst <= ITERATORS, f"a step held {worst} bytes of its own"
+
+
+def test_greedy_decode_moves_one_token_id_a_step(model):
+    """Greedy decode on a device: the token of step t reaches step t+1 on the device and the
+    position advances there, so each step reads back 4 bytes and uploads nothing."""
+    backend = Counting()
+    session = session_on(backend, model)
+    token = session.prefill([5, 9, 13, 2], greedy=True)
+    backend.moved()
+    token = session.step(token, greedy=True)  # the first step sets its position: 4 bytes up
+    assert backend.moved() == (4, 4)
+    for _ in range(16):
+        copies = backend.copies
+        token = session.step(token, greedy=True)
+        assert backend.moved() == (0, 4) and backend.copies == copies + 1  # id moved on device
+    # and it is the greedy sequence the host-fed steps give
+    reference = session_on(CpuBackend(Device("cpu")), model)
+    want = [reference.prefill([5, 9, 13, 2], greedy=True)]
+    for _ in range(17):
+        want.append(reference.step(want[-1], greedy=True))
+    assert list(session.tokens[4:]) == want[:-1] and token == want[-1]
+
+
+def test_sampled_decode_moves_its_token_up_and_its_logits_down(model):
+    spec, _ = model
+    backend = Counting()
+    session = session_on(backend, model)
+    session.prefill([5, 9, 13], greedy=False)
+    session.step(7, greedy=False)
+    backend.moved()
+    session.step(8, greedy=False)
+    assert backend.moved() == (4, 4 * spec.n_vocab)  # the id up; the position stays on device
+
+
+def test_downloads_wait_for_one_synchronize_a_step(model):
+    class Queued(Counting):
+        """Downloads land only when synchronize() runs, as on a CUDA stream."""
+
+        name = "queued"
+
+        def __init__(self):
+            super().__init__()
+            self.pending, self.syncs = [], 0
+
+        def download(self, buffer, out):
+            self.down += out.nbytes
+            self.pending.append((buffer.copy(), out))
+
+        def synchronize(self):
+            self.syncs += 1
+            for value, out in self.pending:
+                out[...] = value
+            self.pending.clear()
+
+    backend = Queued()
+    session = session_on(backend, model)
+    want = session_on(CpuBackend(Device("cpu")), model)
+    got = [session.prefill([3, 4], greedy=True)]
+    ref = [want.prefill([3, 4], greedy=True)]
+    syncs = backend.syncs
+    for _ in range(5):
+        got.append(session.step(got[-1], greedy=True))
+        ref.append(want.step(ref[-1], greedy=True))
+    assert got == ref and backend.syncs == syncs + 5  # once per step, and that is enough
+
+
+# -- 2. inputs checked once -----------------------------------------------------------------
+
+
+def test_inputs_are_checked_before_any_backend_sees_them(model):
+    spec, weights = model
+    backend = Counting()
+    runtime = Runtime([backend], weights)
+    prefill = build_decoder(spec, GraphParams(n_tokens=3, n_ctx=N_CTX))
+    runtime.step(prefill)
+    backend.moved()
+    executes = backend.executes
+    bad = {
+        "token id past the vocabulary": graph_inputs(np.array([1, spec.n_vocab, 2]), 0),
+        "a negative id": graph_inputs(np.array([1, -1, 2]), 0),
+        "a position past the context": graph_inputs(np.array([1, 2, 3]), N_CTX - 2),
+        "a repeated position": {"tokens": np.array([1, 2, 3]), "positions": np.array([4, 4, 5])},
+    }
+    for what, inputs in bad.items():
+        with pytest.raises(InputError, match=r"input '(tokens|positions)'"):
+            runtime.run(prefill, inputs)
+        assert backend.moved() == (0, 0) and backend.executes == executes, what
+    session = Session(runtime, DecoderGraphs(spec), N_CTX)
+    with pytest.raises(InputError, match="outside the vocabulary"):
+        session.step(spec.n_vocab + 3, greedy=True)
+    with pytest.raises(InputError, match=r"0\.\.511"):
+        session.prefill([1, 2, spec.n_vocab], greedy=True)
+
+
+def test_device_fed_inputs_stay_in_range_by_construction(model):
+    spec, weights = model
+    runtime = Runtime([CpuBackend(Device("cpu"))], weights)
+    logits = runtime.step(build_decoder(spec, GraphParams(n_tokens=1, n_ctx=4)))
+    decode = runtime.step(build_decoder(spec, GraphParams(n_tokens=1, n_ctx=4, output="argmax")))
+    with pytest.raises(BackendError, match="cannot feed input 'tokens'"):
+        decode.feed("tokens", logits)  # logits are no token ids
+    decode.feed("tokens", decode)  # its own ARGMAX: in the vocabulary
+    decode.inputs["positions"][0] = 0
+    decode.keep("positions", advance=1)
+    for _ in range(4):  # positions 0..3 fill the context
+        decode.run()
+    with pytest.raises(InputError, match="kept on the device would reach 4"):
+        decode.run()
+
+
+# -- 3. weights at load, derived weights, reset ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    spec, weights = synthetic_model(tiny_spec("qwen2"), seed=2)
+    path = tmp_path_factory.mktemp("m") / "tiny.gguf"
+    return write_model_gguf(path, spec, weights, tokenizer=tiny_bpe_tokenizer())
+
+
+def test_every_weight_is_registered_at_load_in_one_batch(model_file):
+    backend = Counting()
+    progress = []
+    model = parity.load(model_file, backends=[backend], n_ctx=64)
+    assert len(backend.batches) == 1 and len(backend.loaded) == len(set(backend.loaded))
+    assert set(backend.loaded) == {w for w, *_ in model.spec.weights}
+    loaded = len(backend.loaded)
+    gen = model.generate("hello there", max_tokens=6, temperature=0, ignore_eos=True).complete()
+    model.generate("hello", max_tokens=3, temperature=0.7, seed=1).complete()
+    assert len(gen.tokens) == 6 and len(backend.loaded) == loaded  # nothing in a request
+    # the batch hook reports bytes as it goes
+    fresh = Counting()
+    runtime = Runtime([fresh], model.file.weights)
+    graph = model.graphs(GraphParams(n_tokens=1, n_ctx=64))
+    runtime.register([graph], progress=lambda name: lambda done, total: progress.append(
+        (name, done, total)))  # fmt: skip
+    total = sum(w.nbytes for w in model.file.weights.values())
+    assert progress[-1] == ("counting", total, total) and len(progress) == len(fresh.loaded)
+
+
+def test_a_slow_upload_shows_a_progress_line(model_file, capsys, monkeypatch):
+    import parity.model as model_module
+
+    monkeypatch.setattr(model_module, "PROGRESS_AFTER_S", 0)
+    report = model_module._upload_progress("cuda:0")
+    report(50 << 20, 100 << 20)
+    report(100 << 20, 100 << 20)
+    assert "weights to cuda:0" in capsys.readouterr().err
+
+
+class Stacking(CpuBackend):
+    """Builds gate and up stacked into one weight at load where metadata says it can, and runs
+    the fused FFN on it: one product of twice the rows, split back (rows are independent, so
+    the bits are the unfused composition's)."""
+
+    name = "stacking"
+
+    def __init__(self):
+        super().__init__(Device("stacking"), kernels="numpy")
+        self.stacked: dict[tuple[str, str], object] = {}
+        self._by_forms: dict[tuple[int, int], object] = {}
+        self.ops[Op.MATMUL_SWIGLU] = self._gate_up
+
+    def rewrite(self, graph):
+        from parity.core.fusion import fuse
+
+        return fuse(graph, accept=self.supports_op, passes=("gate_up",))
+
+    def register_weights(self, weights, *, graphs=(), progress=None):
+        super().register_weights(weights, graphs=graphs, progress=progress)
+        for graph in graphs:
+            for node in graph.nodes:
+                if node.op is not Op.MATMUL_SWIGLU:
+                    continue
+                gate, up = (self.weights[graph.nodes[s].arg] for s in node.src[1:])
+                key = (gate.name, up.name)
+                if key in self.stacked or not weight_ops.can_concat_rows([gate, up]):
+                    continue
+                both = weight_ops.concat_rows(f"{gate.name}+{up.name}", [gate, up])
+                self.stacked[key] = both
+                forms = (
+                    id(self.weight(gate.name, "prepared")),
+                    id(self.weight(up.name, "prepared")),
+                )
+                self._by_forms[forms] = quant.prepare_weight(both.dtype, both.raw(), both.shape)
+
+    def _gate_up(self, x, w_gate, w_up, arg=None):
+        both = self._by_forms.get((id(w_gate), id(w_up)))
+        if both is None:
+            return ops.matmul_swiglu(x, w_gate, w_up)
+        y = ops.matmul(x, both)  # (T, 2N): gate's rows, then up's
+        n = w_gate.shape[0]
+        return ops.swiglu(np.ascontiguousarray(y[:, :n]), np.ascontiguousarray(y[:, n:]))
+
+
+def test_derived_weights_are_built_at_load_from_metadata_alone(monkeypatch):
+    """gate and up stacked at load where their types agree; where they do not, the question
+    is answered from dtypes and shapes and nothing is built to be thrown away."""
+    spec = tiny_spec("llama")
+    spec, weights = synthetic_model(spec, seed=4, layer_types={1: {"ffn": DType.Q8_0}})
+    weights = dict(weights)
+    weights["blk.1.ffn_up.weight"] = synthetic_model(spec, seed=4, types={"ffn": DType.Q4_0})[1][
+        "blk.1.ffn_up.weight"
+    ]
+    spec = spec.with_weights(weights.values())
+    built = []
+    real = weight_ops.concat_rows
+    monkeypatch.setattr(
+        weight_ops, "concat_rows", lambda name, ws: built.append(name) or real(name, ws)
+    )
+    backend = Stacking()
+    runtime = Runtime([backend], weights)
+    graphs = DecoderGraphs(spec)
+    runtime.register([graphs(GraphParams(n_tokens=1, n_ctx=16))])
+    assert built == ["blk.0.ffn_gate.weight+blk.0.ffn_up.weight"]  # layer 1: Q8_0 gate, Q4_0 up
+    both = backend.stacked["blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"]
+    gate, up = weights["blk.0.ffn_gate.weight"], weights["blk.0.ffn_up.weight"]
+    assert both.shape == (2 * gate.shape[0], gate.shape[1])
+    assert both.raw().tobytes() == gate.raw().tobytes() + up.raw().tobytes()
+    with pytest.raises(ValueError, match="differ in type or row length"):
+        real("x", [weights["blk.1.ffn_gate.weight"], weights["blk.1.ffn_up.weight"]])
+    # the stacked product gives the unfused oracle's bits
+    graph = graphs(GraphParams(n_tokens=3, n_ctx=16))
+    inputs = graph_inputs(np.array([4, 8, 15]), 0)
+    oracle = Runtime([CpuBackend(Device("cpu"), kernels="definition")], weights)
+    (out,) = graph.outputs
+    assert runtime.run(graph, inputs)[out].tobytes() == oracle.run(graph, inputs)[out].tobytes()
+
+
+def test_reset_zeroes_caches_on_the_device(model):
+    backend = Counting()
+    session = session_on(backend, model)
+    session.prefill([1, 2, 3], greedy=True)
+    backend.moved()
+    session.runtime.reset()
+    states = session.runtime.states
+    assert backend.moved() == (0, 0) and backend.zeroes == len(states) > 0
+    assert all(not s.buffers["counting"].any() for s in states.values())
+
+
+# -- capture --------------------------------------------------------------------------------
+
+
+class Graphs(CpuBackend):
+    """Captures like CUDA graphs do: the replay is bound to the captured executable's memory,
+    which it checks at every replay."""
+
+    name = "graphs"
+
+    def __init__(self):
+        super().__init__(Device("graphs"))
+        self.replays = 0
+
+    def capture(self, exe):
+        replay = Executable(exe.split, exe.inputs, exe.outputs)
+        replay.eager = exe
+        replay.addresses = {
+            i: b.ctypes.data for i, b in (*exe.inputs.items(), *exe.outputs.items())
+        }
+        return CaptureResult(executable=replay)
+
+    def execute(self, exe):
+        if not hasattr(exe, "eager"):
+            return super().execute(exe)
+        now = {i: b.ctypes.data for i, b in (*exe.inputs.items(), *exe.outputs.items())}
+        assert now == exe.addresses, "a buffer moved after capture"
+        self.replays += 1
+        super().execute(exe.eager)
+
+
+def _addresses(exe):
+    return {i: b.ctypes.data for i, b in (*exe.inputs.items(), *exe.outputs.items())}
+
+
+def test_decode_is_captured_verified_and_replayed(model_file):
+    backend = Graphs()
+    model = parity.load(model_file, backends=[backend], n_ctx=64, verify_capture=True)
+    want = parity.load(model_file, backends=[CpuBackend(Device("cpu"))], n_ctx=64)
+    got = model.generate("abc", max_tokens=12, temperature=0, ignore_eos=True).complete()
+    ref = want.generate("abc", max_tokens=12, temperature=0, ignore_eos=True).complete()
+    assert got.tokens == ref.tokens and backend.replays >= 8
+    decode = model.session.decode_graphs[True]
+    assert model.runtime.capture_status(decode) == [""]
