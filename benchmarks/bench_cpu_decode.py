@@ -2,7 +2,7 @@
 modes (and, with ``--unfused``, each without its fusions) compared in one run.
 
     python benchmarks/bench_cpu_decode.py [--model smollm2-135m] [--kernels numpy numba]
-        [--unfused] [--prefill 128 512] [--prompt 32] [--steps 24] [--repeats 3]
+        [--unfused | --ab] [--prefill 128 512] [--prompt 32] [--steps 24] [--repeats 3]
         [--threads N] [--cold]
 
 Per model and variant, ``--repeats`` times on a fresh backend: the first decode step
@@ -11,8 +11,10 @@ cache), a prefill of each ``--prefill`` length, then ``--steps`` greedy decode s
 ``--prompt``-token prefill, through a Session as generation runs them (the token fed back on
 the device, the position kept there; the median step after 2 warm-up steps). Reported: the
 median over repeats and the spread (min-max). ``--cold`` also times the first call with an
-empty numba cache, in a subprocess, which is what a first run on a new machine pays. Weights
-are random payloads in the real files' layouts and quant types; only speed means anything.
+empty numba cache, in a subprocess, which is what a first run on a new machine pays. ``--ab``
+instead runs each mode with and without its fusions side by side in one process, their
+prefills and steps in turns, and reports medians and unfused/fused ratios. Weights are random
+payloads in the real files' layouts and quant types; only speed means anything.
 """
 
 from __future__ import annotations
@@ -74,6 +76,48 @@ def measure(
         token = session.step(token, greedy=True)
         times.append(time.perf_counter() - t0)
     out["decode_step_ms"] = statistics.median(times[2:] if args.steps > 4 else times) * 1e3
+    return out
+
+
+def fused_against_unfused(
+    spec: DecoderSpec, weights: dict, kernels: str, threads: int | None, args: argparse.Namespace
+) -> dict:
+    """The same backend with and without its fusions, their prefills and decode steps taken
+    in turns (fused, unfused, fused, ...) so that drift in the machine's speed hits both."""
+    n_ctx = max([args.prompt + args.steps + 1, *args.prefill])
+    graphs = DecoderGraphs(spec)
+    tokens = np.random.default_rng(0).integers(0, spec.n_vocab, n_ctx, dtype=np.int32)
+    sides = {}
+    for fused in (True, False):
+        backend = CpuBackend(Device("cpu"), kernels=kernels, threads=threads)
+        sides[fused] = Session(Runtime([backend], weights, rewrite=fused), graphs, n_ctx)
+    times: dict[str, dict[bool, list[float]]] = {}
+    for n in args.prefill:
+        for _ in range(args.repeats):
+            for fused, session in sides.items():
+                session.reset()
+                t0 = time.perf_counter()
+                session.prefill(tokens[:n].tolist(), greedy=True)
+                times.setdefault(f"prefill{n}_ms", {}).setdefault(fused, []).append(
+                    (time.perf_counter() - t0) * 1e3
+                )
+    next_token = {}
+    for fused, session in sides.items():
+        session.reset()
+        next_token[fused] = session.prefill(tokens[: args.prompt].tolist(), greedy=True)
+    for _ in range(args.steps):
+        for fused, session in sides.items():
+            t0 = time.perf_counter()
+            next_token[fused] = session.step(next_token[fused], greedy=True)
+            times.setdefault("decode_step_ms", {}).setdefault(fused, []).append(
+                (time.perf_counter() - t0) * 1e3
+            )
+    out: dict = {}
+    for key, by_side in times.items():
+        for fused, values in by_side.items():
+            values = values[2:] if key == "decode_step_ms" and len(values) > 4 else values
+            out[f"{key}_{'fused' if fused else 'unfused'}"] = round(statistics.median(values), 3)
+        out[f"{key}_ratio"] = round(out[f"{key}_unfused"] / out[f"{key}_fused"], 3)
     return out
 
 
@@ -144,6 +188,9 @@ def main() -> None:
     modes = ["numba", "numpy", "definition"]
     ap.add_argument("--kernels", nargs="+", default=["numpy", "numba"], choices=modes)
     ap.add_argument("--unfused", action="store_true", help="also each mode without its fusions")
+    ap.add_argument(
+        "--ab", action="store_true", help="fused against unfused, steps in turns (ratios)"
+    )
     ap.add_argument("--prefill", type=int, nargs="*", default=[128, 512])
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--steps", type=int, default=24)
@@ -155,6 +202,14 @@ def main() -> None:
     print(json.dumps(machine()) if args.json else machine())
     for name in args.model or sorted(REAL_SPECS):
         spec, weights = synthetic_twin(name)
+        if args.ab:
+            for kernels in args.kernels:
+                result = fused_against_unfused(spec, weights, kernels, args.threads, args)
+                result = {"model": name, "kernels": kernels, **result}
+                result["load_avg"] = [round(v, 2) for v in os.getloadavg()]
+                line = "  ".join(f"{k}={v}" for k, v in result.items())
+                print(json.dumps(result) if args.json else line, flush=True)
+            continue
         for kernels, fused in [
             (k, f) for k in args.kernels for f in (True, False)[: 1 + args.unfused]
         ]:

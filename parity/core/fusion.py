@@ -44,58 +44,61 @@ Ref = int | New
 
 @attrs.define
 class _Edit:
-    """Changes to one graph, applied all at once by ``build``."""
+    """Changes to one graph, applied all at once by ``build``. Every node put in is typed when
+    it is made (``typed``), so a candidate's sources are looked up, never re-inferred."""
 
     graph: Graph
     replace: dict[int, tuple[Op, tuple[Ref, ...], Any]] = attrs.Factory(dict)
     dead: set[int] = attrs.Factory(set)
     new: list[tuple[Op, tuple[Ref, ...], Any]] = attrs.Factory(list)
     before: dict[int, list[int]] = attrs.Factory(dict)  # node id -> new nodes placed before it
+    typed: dict[Ref, Node] = attrs.Factory(dict)  # replacements and new nodes, typed
 
     def candidate(self, op: Op, srcs: Sequence[Ref], arg: Any = None) -> tuple[Node, list[Node]]:
         """The node ``op(srcs)`` would be, typed, and its source nodes (for ``accept``)."""
-        nodes = [self._node(s) for s in srcs]
+        nodes = [self.typed[s] if s in self.typed else self.graph.nodes[s] for s in srcs]
         dtype, shape = infer(op, nodes, arg)
         return Node(op, dtype, shape, (), arg), nodes
 
-    def _node(self, ref: Ref) -> Node:
-        if isinstance(ref, New):
-            op, srcs, arg = self.new[ref.index]
-            return self.candidate(op, srcs, arg)[0]
-        if ref in self.replace:
-            op, srcs, arg = self.replace[ref]
-            return self.candidate(op, srcs, arg)[0]
-        return self.graph.nodes[ref]
+    def put(self, at: int, op: Op, srcs: tuple[Ref, ...], arg: Any, node: Node) -> None:
+        """Node ``at`` becomes ``op(srcs)`` (typed as ``node``)."""
+        self.replace[at] = (op, srcs, arg)
+        self.typed[at] = node
+
+    def add(self, op: Op, srcs: tuple[Ref, ...], node: Node) -> New:
+        """A new node ``op(srcs)`` (typed as ``node``); ``place`` says where it goes."""
+        ref = New(len(self.new))
+        self.new.append((op, srcs, None))
+        self.typed[ref] = node
+        return ref
+
+    def drop(self, ref: New) -> None:
+        """Take back the last node ``add`` made."""
+        self.new.pop()
+        del self.typed[ref]
 
     def build(self) -> Graph:
-        """The edited graph, its origin composed with the input graph's."""
+        """The edited graph, its origin composed with the input graph's (not verified)."""
         ids: dict[Ref, int] = {}
         nodes: list[Node] = []
         origin: list[int] = []
 
-        def emit(ref: Ref, op: Op, srcs: Sequence[Ref], arg: Any, orig: int) -> None:
-            src = tuple(ids[s] for s in srcs)
-            dtype, shape = infer(op, [nodes[s] for s in src], arg)
+        def emit(ref: Ref, node: Node, srcs: Sequence[Ref], orig: int) -> None:
             ids[ref] = len(nodes)
-            nodes.append(Node(op, dtype, shape, src, arg))
+            nodes.append(attrs.evolve(node, src=tuple(ids[s] for s in srcs)))
             origin.append(orig)
 
         for i, node in enumerate(self.graph.nodes):
             for k in self.before.get(i, ()):
-                op, srcs, arg = self.new[k]
-                emit(New(k), op, srcs, arg, -1)
+                ref = New(k)
+                emit(ref, self.typed[ref], self.new[k][1], -1)
             if i in self.dead:
                 continue
-            if node.op.is_leaf:
-                ids[i] = len(nodes)
-                nodes.append(node)
-                origin.append(self.graph.original(i))
-                continue
-            op, srcs, arg = self.replace.get(i, (node.op, node.src, node.arg))
-            emit(i, op, srcs, arg, self.graph.original(i))
-        graph = Graph(tuple(nodes), tuple(ids[o] for o in self.graph.outputs), tuple(origin))
-        verify(graph)
-        return graph
+            if i in self.replace:
+                emit(i, self.typed[i], self.replace[i][1], self.graph.original(i))
+            else:  # the same value as before: only its sources' ids move
+                emit(i, node, node.src, self.graph.original(i))
+        return Graph(tuple(nodes), tuple(ids[o] for o in self.graph.outputs), tuple(origin))
 
 
 def fuse(
@@ -111,12 +114,15 @@ def fuse(
     unknown = sorted(set(passes) - set(PASSES))
     if unknown:
         raise ValueError(f"unknown fusion pass(es) {unknown}; the passes are {list(PASSES)}")
+    changed = False
     for name in PASSES:
         if name in passes:
             edit = _Edit(graph)
             _PASSES[name](edit, graph.consumers(), set(graph.outputs), accept, share_min)
             if edit.replace or edit.new:
-                graph = edit.build()
+                graph, changed = edit.build(), True
+    if changed:
+        verify(graph)
     return graph
 
 
@@ -140,8 +146,9 @@ def _gate_up(
         if not all(_only_user(users, outputs, s, i) for s in node.src):
             continue
         srcs = (g.src[0], g.src[1], u.src[1])
-        if accept(*edit.candidate(Op.MATMUL_SWIGLU, srcs)):
-            edit.replace[i] = (Op.MATMUL_SWIGLU, srcs, None)
+        fused, sources = edit.candidate(Op.MATMUL_SWIGLU, srcs)
+        if accept(fused, sources):
+            edit.put(i, Op.MATMUL_SWIGLU, srcs, None, fused)
             edit.dead.update(node.src)
 
 
@@ -159,8 +166,9 @@ def _norm_mul(
         if not _only_user(users, outputs, a, i):
             continue
         srcs = (norm.src[0], w)
-        if accept(*edit.candidate(Op.RMS_NORM_MUL, srcs, norm.arg)):
-            edit.replace[i] = (Op.RMS_NORM_MUL, srcs, norm.arg)
+        fused, sources = edit.candidate(Op.RMS_NORM_MUL, srcs, norm.arg)
+        if accept(fused, sources):
+            edit.put(i, Op.RMS_NORM_MUL, srcs, norm.arg, fused)
             edit.dead.add(a)
 
 
@@ -176,8 +184,9 @@ def _matmul_add(
             if product.op is not Op.MATMUL or m == r or not _only_user(users, outputs, m, i):
                 continue
             srcs = (*product.src, r)
-            if accept(*edit.candidate(Op.MATMUL_ADD, srcs)):
-                edit.replace[i] = (Op.MATMUL_ADD, srcs, None)
+            fused, sources = edit.candidate(Op.MATMUL_ADD, srcs)
+            if accept(fused, sources):
+                edit.put(i, Op.MATMUL_ADD, srcs, None, fused)
                 edit.dead.add(m)
                 break
 
@@ -199,22 +208,22 @@ def _share_quantization(
         ]
         if len(readers) < share_min:
             continue
-        quantized = New(len(edit.new))
         q_node, q_srcs = edit.candidate(Op.QUANTIZE, (x,))
         if not accept(q_node, q_srcs):
             continue
-        edit.new.append((Op.QUANTIZE, (x,), None))
+        quantized = edit.add(Op.QUANTIZE, (x,), q_node)
         taken = []
         for u in readers:
             srcs = (quantized, *nodes[u].src[1:])
-            if accept(*edit.candidate(nodes[u].op, srcs, nodes[u].arg)):
-                taken.append(u)
+            reader, sources = edit.candidate(nodes[u].op, srcs, nodes[u].arg)
+            if accept(reader, sources):
+                taken.append((u, srcs, reader))
         if len(taken) < share_min:
-            edit.new.pop()
+            edit.drop(quantized)
             continue
-        edit.before.setdefault(taken[0], []).append(quantized.index)
-        for u in taken:
-            edit.replace[u] = (nodes[u].op, (quantized, *nodes[u].src[1:]), nodes[u].arg)
+        edit.before.setdefault(taken[0][0], []).append(quantized.index)
+        for u, srcs, reader in taken:
+            edit.put(u, nodes[u].op, srcs, nodes[u].arg, reader)
 
 
 def _matrices(node: Node) -> tuple[int, ...]:

@@ -69,7 +69,7 @@ def matmul(x: np.ndarray | Q8Activations, w: PreparedWeight) -> np.ndarray:
                 f"matmul of quantized activations {x.q.shape} needs a quantized weight of "
                 f"{k} columns; got {w.dtype.name} {w.shape}"
             )
-        qx = (x.q.astype(np.float64), x.d, x.s)  # exact integers, as quantize_rows gives them
+        qx = (x.q, x.d, x.s)  # int8: widened to float32 exactly where the sums need it
     else:
         x = np.asarray(x)
         if x.dtype != F32 or x.ndim != 2 or x.shape[1] != k:
