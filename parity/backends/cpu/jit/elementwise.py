@@ -83,21 +83,29 @@ def silu_rows(x: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
             out[t, i] = v / (F32(1) + exp32(-v))
 
 
+@kernel(inline=True)
+def rms_scale(
+    x: np.ndarray, t: int, eps: np.float32, sq: np.ndarray, tmp: np.ndarray
+) -> np.float32:
+    """Row t's ss = TREE(fl(x * x)), mean = fl(ss / W), scale = fl(1 / fl(sqrt(fl(mean + eps))));
+    ``sq`` holds next_pow2(W) slots whose padding stays +0.0, ``tmp`` the tree's scratch."""
+    width = x.shape[1]
+    for i in range(width):
+        sq[i] = x[t, i] * x[t, i]
+    ss = tree_sum(sq, width, tmp)
+    mean = ss / F32(width)
+    r = np.sqrt(mean + eps)
+    return F32(1) / r
+
+
 @kernel()
 def rms_norm_rows(x: np.ndarray, eps: np.float32, out: np.ndarray, lo: int, hi: int) -> None:
-    """Per row: ss = TREE(fl(x * x)), mean = fl(ss / W), scale = fl(1 / fl(sqrt(fl(mean + eps)))),
-    out = fl(x * scale); rows lo..hi-1."""
-    width = x.shape[1]
-    sq = np.empty(next_pow2(width), F32)
+    """Per row: out = fl(x * scale) (``rms_scale``); rows lo..hi-1."""
+    sq = np.zeros(next_pow2(x.shape[1]), F32)
     tmp = np.empty(max(sq.size // 32, 1), F32)
     for t in range(lo, hi):
-        for i in range(width):
-            sq[i] = x[t, i] * x[t, i]
-        ss = tree_sum(sq, width, tmp)
-        mean = ss / F32(width)
-        r = np.sqrt(mean + eps)
-        scale = F32(1) / r
-        for i in range(width):
+        scale = rms_scale(x, t, eps, sq, tmp)
+        for i in range(x.shape[1]):
             out[t, i] = x[t, i] * scale
 
 
@@ -105,18 +113,12 @@ def rms_norm_rows(x: np.ndarray, eps: np.float32, out: np.ndarray, lo: int, hi: 
 def rms_norm_mul_rows(
     x: np.ndarray, eps: np.float32, w: np.ndarray, out: np.ndarray, lo: int, hi: int
 ) -> None:
-    """RMS_NORM_MUL: ``rms_norm_rows``, then out = fl(fl(x * scale) * w); rows lo..hi-1."""
-    width = x.shape[1]
-    sq = np.empty(next_pow2(width), F32)
+    """RMS_NORM_MUL: out = fl(fl(x * scale) * w), both roundings of the composition kept."""
+    sq = np.zeros(next_pow2(x.shape[1]), F32)
     tmp = np.empty(max(sq.size // 32, 1), F32)
     for t in range(lo, hi):
-        for i in range(width):
-            sq[i] = x[t, i] * x[t, i]
-        ss = tree_sum(sq, width, tmp)
-        mean = ss / F32(width)
-        r = np.sqrt(mean + eps)
-        scale = F32(1) / r
-        for i in range(width):
+        scale = rms_scale(x, t, eps, sq, tmp)
+        for i in range(x.shape[1]):
             out[t, i] = (x[t, i] * scale) * w[i]
 
 
