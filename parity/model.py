@@ -49,7 +49,8 @@ class Model:
 
     ``capture`` and ``capture_prefill`` allow graph capture (decode, and prefill) where a
     backend offers it; ``verify_capture`` compares each first replay with the eager run, bit
-    for bit. ``progress`` shows weight uploads that take a while (on stderr)."""
+    for bit. ``progress`` shows weight uploads that take a while (on stderr). ``prepare=False``
+    opens it for ``plan`` alone: no weight uploaded, no cache allocated."""
 
     def __init__(
         self,
@@ -63,6 +64,7 @@ class Model:
         capture_prefill: bool = True,
         verify_capture: bool = False,
         progress: bool = True,
+        prepare: bool = True,
     ) -> None:
         spec = file.spec
         n_ctx = min(DEFAULT_CTX, spec.n_ctx_train) if n_ctx is None else n_ctx
@@ -87,6 +89,8 @@ class Model:
             capture=capture,
             verify_capture=verify_capture,
         )
+        if not prepare:
+            return
         self.runtime.register(
             session_graphs(self.graphs, n_ctx, n_batch), _upload_progress if progress else None
         )
@@ -112,9 +116,9 @@ class Model:
 
     def _running(self) -> Session:
         if self.session is None:
+            why = "for plan() alone" if self.runtime else "for its tokenizer and chat template"
             raise BackendError(
-                f"{self.name} was opened without backends, for its tokenizer and chat template; "
-                "load it with parity.load(...) to run it"
+                f"{self.name} was opened {why}; load it with parity.load(...) to run it"
             )
         return self.session
 
@@ -182,7 +186,8 @@ class Model:
     def plan(self, n_tokens: int = 1, *, greedy: bool = True) -> Plan:
         """Where each op of a decode step (or an ``n_tokens`` prefill) runs, after the first
         backend's rewrite, and why."""
-        self._running()
+        if self.runtime is None:
+            self._running()  # no backends: the error says so
         output = "argmax" if greedy else "logits"
         graph = self.graphs(GraphParams(n_tokens=n_tokens, n_ctx=self.n_ctx, output=output))
         return self.runtime.plan(graph)
@@ -251,7 +256,7 @@ def load(
     the given ``backends`` instances (``()``: for the tokenizer and chat template only).
     Arguments left as None come from the environment, then the config file, then defaults;
     ``options`` are Model's (``capture``, ``capture_prefill``, ``verify_capture``,
-    ``progress``)."""
+    ``progress``, ``prepare``)."""
     file = open_model(model, pull=pull)
     if backends is not None:
         return Model(file, backends, strict=bool(strict), n_ctx=n_ctx, n_batch=n_batch, **options)

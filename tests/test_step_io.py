@@ -68,9 +68,9 @@ class Counting(CpuBackend):
     def load_weight(self, weight):
         self.loaded.append(weight.name)
 
-    def register_weights(self, weights, *, graphs=(), progress=None):
+    def register_weights(self, weights, *, splits=(), progress=None):
         self.batches.append([w.name for w in weights])
-        super().register_weights(weights, graphs=graphs, progress=progress)
+        super().register_weights(weights, splits=splits, progress=progress)
 
     def moved(self) -> tuple[int, int]:
         """(bytes up, bytes down) since the last call."""
@@ -251,7 +251,7 @@ def test_inputs_are_checked_before_any_backend_sees_them(model):
             runtime.run(prefill, inputs)
         assert backend.moved() == (0, 0) and backend.executes == executes, what
     session = Session(runtime, DecoderGraphs(spec), N_CTX)
-    with pytest.raises(InputError, match="outside the vocabulary"):
+    with pytest.raises(InputError, match=r"outside 0\.\.511 \(the 512 rows of token_embd"):
         session.step(spec.n_vocab + 3, greedy=True)
     with pytest.raises(InputError, match=r"0\.\.511"):
         session.prefill([1, 2, spec.n_vocab], greedy=True)
@@ -331,13 +331,13 @@ class Stacking(CpuBackend):
 
         return fuse(graph, accept=self.supports_op, passes=("gate_up",))
 
-    def register_weights(self, weights, *, graphs=(), progress=None):
-        super().register_weights(weights, graphs=graphs, progress=progress)
-        for graph in graphs:
-            for node in graph.nodes:
+    def register_weights(self, weights, *, splits=(), progress=None):
+        super().register_weights(weights, splits=splits, progress=progress)
+        for split in splits:
+            for node in (split.graph.nodes[i] for i in split.nodes):
                 if node.op is not Op.MATMUL_SWIGLU:
                     continue
-                gate, up = (self.weights[graph.nodes[s].arg] for s in node.src[1:])
+                gate, up = (self.weights[split.graph.nodes[s].arg] for s in node.src[1:])
                 key = (gate.name, up.name)
                 if key in self.stacked or not weight_ops.can_concat_rows([gate, up]):
                     continue
@@ -446,3 +446,111 @@ def test_decode_is_captured_verified_and_replayed(model_file):
     assert got.tokens == ref.tokens and backend.replays >= 8
     decode = model.session.decode_graphs[True]
     assert model.runtime.capture_status(decode) == [""]
+
+
+class Snapshotting(Graphs):
+    """A broken capture: its replay reads copies of the inputs made at capture time (stale
+    data on the very buffers), which only a replay on new inputs can show."""
+
+    name = "snapshotting"
+
+    def capture(self, exe):
+        result = super().capture(exe)
+        result.executable.frozen = {i: b.copy() for i, b in exe.inputs.items()}
+        return result
+
+    def execute(self, exe):
+        if not hasattr(exe, "eager"):
+            return super().execute(exe)
+        live = {i: b.copy() for i, b in exe.inputs.items()}
+        for i, b in exe.frozen.items():
+            exe.inputs[i][...] = b
+        super().execute(exe)
+        for i, b in live.items():
+            exe.inputs[i][...] = b
+
+
+def test_verify_checks_a_capture_on_the_next_steps_inputs(model):
+    spec, weights = model
+    graph = build_decoder(spec, GraphParams(n_tokens=1, n_ctx=16, output="argmax"))
+    want = Runtime([CpuBackend(Device("cpu"))], weights)
+    runtime = Runtime([Snapshotting()], weights, verify_capture=True)
+    for p in range(6):
+        inputs = graph_inputs(np.array([(7 * p) % spec.n_vocab]), p)
+        got, ref = (rt.run(graph, inputs)[graph.outputs[0]] for rt in (runtime, want))
+        assert got.tobytes() == ref.tobytes(), p
+    (reason,) = runtime.capture_status(graph)
+    assert "captured replay differs from eager" in reason
+
+
+def test_a_released_step_cannot_run_and_a_session_renews_its_steps(model):
+    session = session_on(CpuBackend(Device("cpu")), model)
+    old = session._decode[True]
+    token = session.prefill([1, 2, 3], greedy=True)
+    session.runtime.clear_states()  # e.g. to change the context size
+    with pytest.raises(BackendError, match="this step was released"):
+        old.run()
+    session.reset()
+    got = [session.prefill([1, 2, 3], greedy=True)]
+    got.append(session.step(got[-1], greedy=True))
+    fresh = session_on(CpuBackend(Device("cpu")), model)
+    ref = [fresh.prefill([1, 2, 3], greedy=True)]
+    ref.append(fresh.step(ref[-1], greedy=True))
+    assert got == ref and token == ref[0] and session._decode[True] is not old
+
+
+def test_run_feeds_every_given_input_from_the_host(model):
+    spec, weights = model
+    runtime = Runtime([CpuBackend(Device("cpu"))], weights)
+    graph = build_decoder(spec, GraphParams(n_tokens=1, n_ctx=16, output="argmax"))
+    step = runtime.step(graph)
+    step.inputs["tokens"][0], step.inputs["positions"][0] = 3, 0
+    step.keep("positions", advance=1)
+    step.run()
+    with pytest.raises(InputError, match="input 'positions' holds 99"):
+        runtime.run(graph, graph_inputs(np.array([3]), 99))  # checked, not the kept value
+    runtime.reset()
+    a = runtime.run(graph, graph_inputs(np.array([3]), 0))[graph.outputs[0]]
+    b = Runtime([CpuBackend(Device("cpu"))], weights).run(graph, graph_inputs(np.array([3]), 0))
+    assert a.tobytes() == b[graph.outputs[0]].tobytes()
+
+
+def test_a_step_feeding_another_is_not_evicted(model):
+    spec, weights = model
+    runtime = Runtime([CpuBackend(Device("cpu"))], weights, max_plans=2)
+    graph = build_decoder(spec, GraphParams(n_tokens=1, n_ctx=16, output="argmax"))
+    decode = runtime.step(graph, pin=True)  # as a session holds its decode steps
+    prefill = runtime.step(build_decoder(spec, GraphParams(n_tokens=2, n_ctx=16, output="argmax")))
+    decode.feed("tokens", prefill)
+    for n in (3, 4, 5):  # more graphs than the runtime keeps
+        runtime.step(build_decoder(spec, GraphParams(n_tokens=n, n_ctx=16)))
+    assert not prefill.released and prefill.dependents == 1
+    decode.feed_host("tokens")
+    assert prefill.dependents == 0
+
+
+def test_a_bad_rewrite_is_named_with_what_is_wrong(model):
+    spec, weights = model
+    graph = build_decoder(spec, GraphParams(n_tokens=1, n_ctx=16))
+
+    class NoOrigin(CpuBackend):
+        name = "noorigin"
+
+        def rewrite(self, graph):
+            return type(graph)(graph.nodes, graph.outputs)  # a copy, its origin forgotten
+
+    with pytest.raises(BackendError, match=r"noorigin\.rewrite returned a graph without origin"):
+        Runtime([NoOrigin(Device("x"))], weights).step(graph)
+
+
+def test_an_input_nothing_reads_is_accepted(model):
+    from parity.core.builder import GraphBuilder
+
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, (2, 4))
+    b.input("unused", DType.I32, (2,))
+    graph = b.build(b.op(Op.ADD, x, x))
+    out = Runtime([CpuBackend(Device("cpu"))], {}).run(
+        graph, {"x": np.ones((2, 4), np.float32), "unused": np.zeros(2, np.int32)}
+    )
+    assert out[graph.outputs[0]].tolist() == [[2.0] * 4] * 2

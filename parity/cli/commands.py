@@ -292,7 +292,7 @@ def backends(args: argparse.Namespace) -> int:
 def _explain(args: argparse.Namespace) -> int:
     from parity.core.dump import format_graph, to_dot
 
-    model = _load(args, pull=False)
+    model = _load(args, pull=False, prepare=False)  # planned, not uploaded
     plan = model.plan(1)
     if args.graph == "text":
         print(format_graph(plan.graph, plan))

@@ -26,7 +26,7 @@ import numpy as np
 from parity.arch.decoder import DecoderSpec, build_decoder, graph_inputs
 from parity.arch.params import GraphParams
 from parity.conformance.case import node_case, save_case
-from parity.conformance.harness import judge
+from parity.conformance.harness import judge, oracle
 from parity.core.backend import Backend
 from parity.core.compare import NodeDiff, diff_arrays, jsonable
 from parity.core.ir import Graph, Op
@@ -184,20 +184,29 @@ def compare_steps(
         graph = build_decoder(spec, params)
         inputs = graph_inputs(np.array(step_tokens), len(history) - len(step_tokens))
         computed = tuple(i for i, n in enumerate(graph.nodes) if not n.op.is_leaf)
-        ref_out, cand_out = (rt.run(graph, inputs, expose=computed) for rt in runtimes)
-        ran = runtimes[1].step(graph, computed)  # the candidate's graph is its rewrite
-        here = ran.rewritten.rewritten()
+        ref_out = runtimes[0].run(graph, inputs, expose=computed)
+        ran = runtimes[1].step(graph, computed, inserted=True)  # its graph is its rewrite
+        ran.write(inputs)
+        ran.run()
+        cand_out = {i: v.copy() for i, v in ran.outputs.items()}
+        rewritten = ran.rewritten
         for name, s in graph.leaves(Op.STATE).items():
             states.setdefault(name, np.zeros(graph.nodes[s].shape, np.float32))
-        differs: set[int] = set()
-        values = {r: ref_out[o] for o, r in here.items() if o in ref_out}
-        for i in computed:
-            if i not in cand_out:  # fused away: its value exists only inside a fused node
-                fused += 1
+        fused += sum(i not in cand_out for i in computed)  # their values live inside others
+        values = {r: ref_out[o] for o, r in rewritten.rewritten().items() if o in ref_out}
+        differs: set[int] = set()  # the candidate's nodes (its ids) that differed
+        for r, node in enumerate(rewritten.nodes):
+            if node.op.is_leaf:
                 continue
-            r = here[i]
-            node = ran.rewritten.nodes[r]
-            d = diff_arrays(i, node.op.name, ref_out[i], cand_out[i])
+            o = rewritten.original(r)
+            if o >= 0:
+                want, got, label = ref_out[o], cand_out[o], o
+            else:  # put in by the rewrite: the oracle's value of it on the reference's inputs
+                alone = node_case(rewritten, r, values, inputs, weights, states, "inserted")
+                want = oracle(alone).outputs[alone.graph.outputs[0]]
+                got, label = ran.inserted[r], r
+                values[r] = want
+            d = diff_arrays(label, node.op.name, want, got)
             compared += 1
             on_candidate = ran.plan.backend_of(r) == cand_backend.name
             nodes_on_candidate += on_candidate
@@ -205,16 +214,16 @@ def compare_steps(
             max_ulp, worst_nmse = max(max_ulp, d.max_ulp), _max_nan(worst_nmse, d.nmse)
             if d.identical:
                 continue
-            differs.add(i)
+            differs.add(r)
             first = first or (step, d)
-            tier = manifest.tier_of(node, [ran.rewritten.nodes[s] for s in node.src])
+            tier = manifest.tier_of(node, [rewritten.nodes[s] for s in node.src])
             if violation is not None or not on_candidate or tier.admits(d):
                 continue  # a fallback node is the oracle's own code: its inputs differed
-            sources_identical = not _inherits(ran.rewritten, r, differs, dirty)
-            case = node_case(ran.rewritten, r, values, inputs, weights, states,
-                             f"{model}-step{step}-n{i}-{node.op.name.lower()}",
+            sources_identical = not _inherits(rewritten, r, differs, dirty)
+            case = node_case(rewritten, r, values, inputs, weights, states,
+                             f"{model}-step{step}-n{label}-{node.op.name.lower()}",
                              note=f"parity compare {model}: {cand_backend.name} vs "
-                                  f"{ref_backend.name}, step {step}, node %{i}")  # fmt: skip
+                                  f"{ref_backend.name}, step {step}, node %{label}")  # fmt: skip
             alone = judge(candidate, case)
             if sources_identical or alone.failed:
                 replay = (
@@ -228,12 +237,11 @@ def compare_steps(
         tokens = [sampler(lg, history) for sampler, lg in zip(samplers, logits, strict=True)]
         ref_tokens.append(tokens[0])
         cand_tokens.append(tokens[1])
-        for i in computed:  # the caches after this step are the next step's starting states
-            node = graph.nodes[i]
+        for r, node in enumerate(rewritten.nodes):  # the caches after this step: the next's
             if node.op is Op.KV_WRITE:
-                name = graph.nodes[node.src[0]].arg
-                states[name] = ref_out[i]
-                if i in differs:
+                name = rewritten.nodes[node.src[0]].arg
+                states[name] = ref_out[rewritten.original(r)]
+                if r in differs:
                     dirty.add(name)
         history.append(tokens[0])
         step_tokens = [tokens[0]]
@@ -247,16 +255,10 @@ def compare_steps(
 
 def _inherits(graph: Graph, node: int, differs: set[int], dirty: set[str]) -> bool:
     """Did ``node`` read a value that already differed from the reference's: a source that
-    differed, a KV cache an earlier step left different, through any node a rewrite put in?"""
+    differed (``differs``: ids of ``graph``), or a KV cache an earlier step left different?"""
     for s in graph.nodes[node].src:
-        src, original = graph.nodes[s], graph.original(s)
-        if src.op is Op.STATE and src.arg in dirty:
-            return True
-        if src.op.is_leaf:
-            continue
-        if original < 0 and _inherits(graph, s, differs, dirty):
-            return True
-        if original in differs:
+        src = graph.nodes[s]
+        if (src.op is Op.STATE and src.arg in dirty) or s in differs:
             return True
     return False
 

@@ -27,7 +27,7 @@ import attrs
 import numpy as np
 
 from parity.conformance.case import Case, node_case
-from parity.core.backend import Backend, Buffer, Device, Executable, Split
+from parity.core.backend import Backend, Buffer, Device, Executable, Split, bound_alike
 from parity.core.compare import NodeDiff, diff_arrays, jsonable
 from parity.core.dtypes import DType, host_layout, numpy_dtype
 from parity.core.ir import Graph, Node, Op
@@ -37,6 +37,7 @@ MARGIN = 64  # sentinel elements on each side of a guarded buffer or readback wi
 # the sentinel's bytes, repeated: as float32 a quiet NaN with a payload, as int32 a large number
 _SENTINEL = np.array([0x7FC0DEAD], np.uint32).view(np.uint8)
 VERDICTS = ("unsupported", "exact", "bound", "FAIL")  # in order of severity
+FUSION = "FUSION"  # the op column of a case that checks a backend's rewrite
 
 
 def _sentinel(dtype: str, n: int) -> np.ndarray:
@@ -182,7 +183,7 @@ def execute(
     problems: list[str] = []
     try:
         weights = [case.weights[nodes[s].arg] for s in leaves if nodes[s].op is Op.WEIGHT]
-        backend.register_weights(weights, graphs=[graph])
+        backend.register_weights(weights, splits=[split])
         bound, uploaded = {}, {}
         for s in leaves:
             node = nodes[s]
@@ -215,12 +216,15 @@ def execute(
         captured = backend.capture(exe)
         if captured.captured:
             replay = captured.executable
-            if any(replay.outputs.get(i) is not b for i, b in exe.outputs.items()):
+            if not bound_alike(replay, exe):
                 problems.append("capture returned an executable on other buffers than prepare's")
             backend.execute(replay)
             _same(first, _read(backend, graph, computed, replay, problems), "the captured replay",
                   problems)  # fmt: skip
             backend.release(replay)
+        if len(computed) > 1:
+            _outputs_only(backend, graph, bound, first, problems)
+        _device_slots(backend, graph, exe, first, bound, uploaded, problems)
         backend.release(exe)
         if guard:
             problems.extend(alloc.check())
@@ -228,6 +232,60 @@ def execute(
         if guard:
             del backend.alloc
     return Execution(first, states, tuple(dict.fromkeys(problems)), guard and alloc.works)
+
+
+def _outputs_only(
+    backend: Backend,
+    graph: Graph,
+    bound: Mapping[int, Buffer],
+    first: Mapping[int, np.ndarray],
+    problems: list[str],
+) -> None:
+    """The same step with only the graph's outputs leaving it, as a model's plan runs it: the
+    backend's own intermediates and scratch carry the rest, and must give the same bits."""
+    nodes = graph.nodes
+    computed = tuple(i for i, n in enumerate(nodes) if not n.op.is_leaf)
+    inputs = tuple(sorted(bound))
+    split = Split(0, backend.name, graph, computed, inputs, tuple(graph.outputs))
+    exe = backend.prepare(split, {s: bound[s] for s in inputs})
+    backend.execute(exe)  # idempotent: the caches get the rows they already hold
+    got = _read(backend, graph, graph.outputs, exe, problems)
+    _same({o: first[o] for o in graph.outputs}, got,
+          "the step with only its outputs leaving it (intermediates in the backend's own memory)",
+          problems)  # fmt: skip
+    backend.release(exe)
+
+
+def _device_slots(
+    backend: Backend,
+    graph: Graph,
+    exe: Executable,
+    first: Mapping[int, np.ndarray],
+    bound: Mapping[int, Buffer],
+    uploaded: Mapping[int, np.ndarray],
+    problems: list[str],
+) -> None:
+    """``copy_from`` on the backend itself, ``increment`` of an int32 input and ``zero`` of
+    every state, each read back through a sentinel window."""
+    nodes = graph.nodes
+    for i, buf in exe.outputs.items():
+        node = nodes[i]
+        copy = backend.alloc(node.dtype, node.shape)
+        if backend.copy_from(copy, buf, backend):
+            _same({i: first[i]}, {i: _download(backend, copy, node, problems)},
+                  "copy_from of its own buffer", problems)  # fmt: skip
+        break  # one value is enough
+    for s, host in uploaded.items():
+        node = nodes[s]
+        if node.op is Op.INPUT and node.dtype is DType.I32:
+            backend.increment(bound[s], DType.I32, node.shape, 3)
+            if _download(backend, bound[s], node, problems).tobytes() != (host + 3).tobytes():
+                problems.append(f"increment of {node.arg!r} by 3 did not add 3 to every element")
+            backend.increment(bound[s], DType.I32, node.shape, -3)
+        if node.op is Op.STATE:
+            backend.zero(bound[s], node.dtype, node.shape)
+            if _download(backend, bound[s], node, problems).view(np.uint32).any():
+                problems.append(f"zero left state {node.arg!r} with bits other than +0.0")
 
 
 def _read(
@@ -262,6 +320,10 @@ def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
     original = case.graph
     subject = original.outputs[0]
     op_name, type_name = case.subject.op.name, (case.weight_type or case.subject.dtype).name
+    if case.rewrite:  # a pattern for a rewrite: labelled by the matrices it multiplies by
+        op_name = FUSION
+        matrices = [n for n in original.nodes if n.op is Op.WEIGHT and len(n.shape) == 2]
+        type_name = matrices[0].dtype.name if matrices else type_name
     tier = EXACT
 
     def result(verdict: str, diffs=(), problems=(), guarded=False) -> CaseResult:
@@ -272,12 +334,15 @@ def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
     try:
         backend = backend_factory()
         graph = backend.rewrite(original) if case.rewrite else original
+        if case.rewrite and graph is original:
+            return result("unsupported", problems=[
+                f"{backend.name}'s rewrite fuses nothing here: the pattern runs as written"
+            ])  # fmt: skip
         srcs_of = [[graph.nodes[s] for s in n.src] for n in graph.nodes]
         manifest = backend_manifest(type(backend))
         ran = graph.rewritten().get(subject)
         if ran is None:
             raise ValueError(f"the rewrite lost the value of the case's output %{subject}")
-        op_name = graph.nodes[ran].op.name  # what the backend ran for the subject
         tier = manifest.tier_of(graph.nodes[ran], srcs_of[ran])
         for i, node in enumerate(graph.nodes):
             if not node.op.is_leaf and not backend.supports_op(node, srcs_of[i]):

@@ -109,7 +109,7 @@ def _spec(
         outs = out if isinstance(out, tuple) else (out,)
         return Case(id, g.b.build(*outs), g.inputs, g.weights, g.states, rewrite=rewrite)
 
-    return CaseSpec(id, op.name, type.name, build)
+    return CaseSpec(id, "FUSION" if rewrite else op.name, type.name, build)
 
 
 def real_matmul_shapes() -> list[tuple[DType, int, int]]:
@@ -240,11 +240,13 @@ def _matmul_add(dtype: DType, n: int, k: int, t: int, bias: bool = False):
     return make
 
 
-def _matmul_swiglu(dtype: DType, n: int, k: int, t: int, quantized: bool = False):
+def _matmul_swiglu(
+    dtype: DType, n: int, k: int, t: int, quantized: bool = False, up: DType | None = None
+):
     def make(g: _Builder) -> Ref:
         x = g.quantized("xq", t, k) if quantized else g.input("x", activations(g.rng, (t, k)))
-        return g.op(Op.MATMUL_SWIGLU, x, g.weight("gate", dtype, (n, k)),
-                    g.weight("up", dtype, (n, k)))  # fmt: skip
+        gate_w = g.weight("gate", dtype, (n, k))
+        return g.op(Op.MATMUL_SWIGLU, x, gate_w, g.weight("up", up or dtype, (n, k)))
 
     return make
 
@@ -381,6 +383,9 @@ def fused_suite() -> list[CaseSpec]:
             name = f"{dtype.name}-48x512-t{t}"
             add(f"matmul_add-{name}", Op.MATMUL_ADD, dtype, _matmul_add(dtype, 48, 512, t))
             add(f"matmul_swiglu-{name}", Op.MATMUL_SWIGLU, dtype, _matmul_swiglu(dtype, 48, 512, t))
+    for gate, up in ((DType.Q8_0, DType.F16), (DType.F16, DType.Q4_K)):  # x quantized for one
+        add(f"matmul_swiglu-mixed-{gate.name}-{up.name}-48x512-t3", Op.MATMUL_SWIGLU, gate,
+            _matmul_swiglu(gate, 48, 512, 3, up=up))  # fmt: skip
     # the real down projections with their residuals, and gate/up with their SWIGLU
     for dtype, n, k in (
         (DType.Q4_1, smollm.n_embd, smollm.n_ff),

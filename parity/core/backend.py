@@ -8,7 +8,7 @@ runtime is about to use it.
 Life of a model on a backend::
 
     graph = rewrite(graph)            (optional) fused ops in place of their compositions
-    register_weights(ws, graphs=...)  once, at load: every weight the graphs read, uploaded
+    register_weights(ws, splits=...)  once, at load: every weight the splits read, uploaded
                                       once (idempotent); derived weights may be built here
     exe = prepare(split, inputs)      once per (graph, split): kernels chosen, buffers bound
     -- per step --
@@ -17,7 +17,7 @@ Life of a model on a backend::
     execute(exe)                      reads exe.inputs, writes exe.outputs (and the states)
     download(exe.outputs[i], host)    readback into the runtime's own host arrays
     synchronize()                     once, before the host reads anything
-    increment(slot, shape, 1)         (positions kept on the device advance for the next step)
+    increment(slot, I32, shape, 1)    (positions kept on the device advance for the next step)
     -- now and then --
     capture(exe) -> replayable exe    (optional) once a step has run a few times (CUDA graphs)
     zero(state)                       a new sequence
@@ -216,22 +216,23 @@ class Backend:
     def rewrite(self, graph: Graph) -> Graph:
         # (optional) the graph this backend runs in place of ``graph``, applied before
         # scheduling when this backend is the runtime's first choice: fused ops for their
-        # compositions (parity.core.fusion), each a node the backend supports; the result
-        # records its nodes' origin. Must keep every output's value.
+        # compositions (parity.core.fusion), each a node the scheduler will give this
+        # backend (parity.core.scheduler.accepts: supported, and in the run's numerics); the
+        # result records its nodes' origin and must keep every output's value.
         return graph
 
     def register_weights(
         self,
         weights: Sequence[WeightData],
         *,
-        graphs: Sequence[Graph] = (),
+        splits: Sequence[Split] = (),
         progress: Progress | None = None,
     ) -> None:
         # (optional) register many weights at once, at model load, before the first request.
-        # ``graphs`` are the graphs (rewritten) that will read them on this backend: the place
-        # to build derived weights (gate and up concatenated for a fused FFN), deciding whether
-        # one can be built from dtypes and shapes alone. ``progress(done, total)`` counts bytes.
-        # The default registers one weight at a time.
+        # ``splits`` are the splits (of rewritten graphs) this backend will run on them: the
+        # place to build derived weights (gate and up stacked for a fused FFN), deciding
+        # whether one can be built from dtypes and shapes alone (can_concat_rows).
+        # ``progress(done, total)`` counts bytes. The default registers one weight at a time.
         total = sum(w.nbytes for w in weights)
         done = 0
         for w in weights:
@@ -263,14 +264,15 @@ class Backend:
 
     def zero(self, buffer: Buffer, dtype: DType, shape: tuple[int, ...]) -> None:
         # (optional) set a buffer to zeros (a KV cache, for a new sequence). Override with a
-        # device fill; this default uploads zeros from a host array made once per shape
+        # device fill: this default, a fallback that works everywhere, uploads zeros from a
+        # host array made once per shape
         self.upload(buffer, self._host_array(dtype, shape, "zeros"))
 
-    def increment(self, buffer: Buffer, shape: tuple[int, ...], by: int) -> None:
+    def increment(self, buffer: Buffer, dtype: DType, shape: tuple[int, ...], by: int) -> None:
         # (optional) add ``by`` to every element of an I32 buffer in place (positions kept on
         # the device, advancing one decode step at a time). Override with a device kernel;
         # this default goes through the host and waits for it
-        host = self._host_array(DType.I32, shape, "counter")
+        host = self._host_array(dtype, shape, "counter")
         self.download(buffer, host)
         self.synchronize()
         host += by
@@ -289,8 +291,9 @@ class Backend:
 
     def capture(self, executable: Executable) -> CaptureResult:
         # (optional) record an executable for replay (CUDA graphs): the replay must read
-        # executable.inputs and write executable.outputs, the buffers bound at prepare; say
-        # why when you cannot
+        # executable.inputs and write executable.outputs, the buffers bound at prepare (the
+        # runtime checks), and own whatever scratch it recorded: memory shared with other
+        # executables must not move under a capture. Say why when you cannot
         return CaptureResult(reason=f"{self.name} does not capture graphs")
 
     def release(self, executable: Executable) -> None:
@@ -325,6 +328,14 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.device.id} numerics={self.numerics}>"
+
+
+def bound_alike(replay: Executable, eager: Executable) -> bool:
+    """Is ``replay`` (a capture) bound to exactly ``eager``'s buffers, inputs and outputs?"""
+    return all(
+        set(a) == set(b) and all(a[i] is b[i] for i in b)
+        for a, b in ((replay.inputs, eager.inputs), (replay.outputs, eager.outputs))
+    )
 
 
 def describe_sources(srcs: Sequence[Node]) -> str:

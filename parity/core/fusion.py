@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 
 from parity.core.dtypes import DType
-from parity.core.ir import MATMULS, Graph, Node, Op, infer, verify
+from parity.core.ir import MATMULS, Graph, Node, Op, infer, matrix_sources, verify
 
 PASSES = ("gate_up", "norm_mul", "matmul_add", "share_quantization")
 Accept = Callable[[Node, Sequence[Node]], bool]
@@ -179,7 +179,7 @@ def _matmul_add(
     for i, node in enumerate(nodes):
         if node.op is not Op.ADD or nodes[node.src[0]].shape != nodes[node.src[1]].shape:
             continue
-        for m, r in (node.src, node.src[::-1]):  # the product second first, as decoders write it
+        for m, r in (node.src[::-1], node.src):  # the product second first, as decoders write it
             product = nodes[m]
             if product.op is not Op.MATMUL or m == r or not _only_user(users, outputs, m, i):
                 continue
@@ -204,7 +204,7 @@ def _share_quantization(
             if nodes[u].op in MATMULS
             and nodes[u].src[0] == x
             and x not in nodes[u].src[1:]
-            and all(nodes[w].dtype.is_quantized for w in _matrices(nodes[u]))
+            and all(nodes[nodes[u].src[k]].dtype.is_quantized for k in matrix_sources(nodes[u]))
         ]
         if len(readers) < share_min:
             continue
@@ -224,11 +224,6 @@ def _share_quantization(
         edit.before.setdefault(taken[0][0], []).append(quantized.index)
         for u, srcs, reader in taken:
             edit.put(u, nodes[u].op, srcs, nodes[u].arg, reader)
-
-
-def _matrices(node: Node) -> tuple[int, ...]:
-    """The weight matrices a matrix product reads."""
-    return node.src[1:3] if node.op is Op.MATMUL_SWIGLU else node.src[1:2]
 
 
 _PASSES: Mapping[str, Callable[..., None]] = {

@@ -79,8 +79,14 @@ FUSED = {
     Op.MATMUL_ADD: "MATMUL + ADD",
     Op.MATMUL_SWIGLU: "MATMUL + MATMUL + SWIGLU",
 }
-# ops that multiply by a weight matrix, and where their x and weight sources are
-MATMULS = frozenset({Op.MATMUL, Op.MATMUL_ADD, Op.MATMUL_SWIGLU})
+# ops that multiply by weight matrices: x is source 0, the matrices are the sources MATRICES says
+MATRICES = {Op.MATMUL: (1,), Op.MATMUL_ADD: (1,), Op.MATMUL_SWIGLU: (1, 2)}
+MATMULS = frozenset(MATRICES)
+
+
+def matrix_sources(node: Node) -> tuple[int, ...]:
+    """Which of a matrix product's sources are its weight matrices (positions in ``src``)."""
+    return MATRICES.get(node.op, ())
 
 
 @attrs.frozen
@@ -262,7 +268,7 @@ def infer(op: Op, srcs: Sequence[Node], arg: Any) -> tuple[DType, tuple[int, ...
         return DType.F32, x.shape
     if op in MATMULS:
         x = srcs[0]
-        weights = srcs[1:3] if op is Op.MATMUL_SWIGLU else srcs[1:2]
+        weights = [srcs[k] for k in MATRICES[op]]
         for w in weights:
             _matmul_operands(op, x, w)
         n = weights[0].shape[0]

@@ -16,8 +16,10 @@ against the context (``InputError``), so a device gather never reads out of boun
 
 Graph capture policy (DESIGN.md): a split is offered to its backend's ``capture`` once it has
 run a third time; one-shot work never pays for capture. ``run(capture=...)`` overrides the
-step's default per call. With ``verify_capture`` the first replay is compared bit for bit with
-the eager run of that step, and a mismatch keeps the split eager, with the reason in
+step's default per call. A captured executable must be bound to the eager one's very buffers
+(inputs, outputs). With ``verify_capture`` its first replay, at the next run, on that run's
+fresh inputs, is compared bit for bit (outputs and the states it writes) with the eager
+executable run on the same inputs, and a mismatch keeps the split eager, with the reason in
 ``capture_status``.
 """
 
@@ -31,9 +33,9 @@ from typing import Any
 import attrs
 import numpy as np
 
-from parity.core.backend import Backend, Buffer, Executable, Progress
-from parity.core.dtypes import host_empty
-from parity.core.ir import Graph, Node, Op
+from parity.core.backend import Backend, Buffer, Executable, Progress, Split, bound_alike
+from parity.core.dtypes import DType, host_empty
+from parity.core.ir import Graph, Node, Op, verify
 from parity.core.scheduler import HOST, Plan, schedule
 from parity.core.weights import WeightData
 from parity.errors import BackendError, GraphError, InputError
@@ -65,10 +67,10 @@ def input_bounds(graph: Graph) -> dict[str, Bound]:
     """Per INPUT leaf, the range its values must lie in, from the ops that read them: ids a
     table's rows, positions the RoPE tables, the KV caches and what attention reads."""
     indexes = {  # op -> (source read as indices, source whose rows they index, what)
-        Op.GET_ROWS: (1, 0, "the rows of {table} (the vocabulary)"),
-        Op.ROPE: (1, 2, "the RoPE tables of {rows} positions"),
-        Op.KV_WRITE: (2, 0, "the context of {rows} positions (the KV cache)"),
-        Op.ATTENTION: (3, 1, "the context of {rows} positions (the KV cache)"),
+        Op.GET_ROWS: (1, 0, "the {rows} rows of {table}: the vocabulary"),
+        Op.ROPE: (1, 2, "the {rows} positions of the RoPE tables"),
+        Op.KV_WRITE: (2, 0, "the context: a KV cache of {rows} positions"),
+        Op.ATTENTION: (3, 1, "the context: a KV cache of {rows} positions"),
     }
     bounds: dict[str, Bound] = {}
     for node in graph.nodes:
@@ -94,8 +96,10 @@ class _Split:
     eager: Executable
     executable: Executable  # the eager one, or its captured replay
     copies: list[Action]  # cross-backend copies into this split's slots, before it runs
+    states: tuple[tuple[int, Node], ...]  # the STATE inputs it updates: (node id, leaf)
     runs: int = 0
     tried: bool = False
+    pending: Executable | None = None  # a replay to check against eager at the next run
     reason: str = ""
 
 
@@ -118,7 +122,9 @@ class Step:
     read ``outputs`` (host arrays by node id of the graph as given: its outputs and the exposed
     nodes the rewrite kept). Buffers are the runtime's: valid until the next run."""
 
-    def __init__(self, runtime: Runtime, graph: Graph, expose: tuple[int, ...]) -> None:
+    def __init__(
+        self, runtime: Runtime, graph: Graph, expose: tuple[int, ...], inserted: bool = False
+    ) -> None:
         for i in expose:
             if not (0 <= i < len(graph.nodes)) or graph.nodes[i].op.is_leaf:
                 raise GraphError(
@@ -133,14 +139,22 @@ class Step:
             raise BackendError(f"the rewrite lost the value of output(s) {missing}")
         self.exposed = tuple(i for i in expose if i in new_id and i not in graph.outputs)
         wanted = tuple(dict.fromkeys((*graph.outputs, *self.exposed)))
-        self.plan = runtime.schedule(self.rewritten, tuple(new_id[i] for i in self.exposed))
+        new = [  # the nodes a rewrite put in, read back too when asked for
+            i
+            for i, n in enumerate(self.rewritten.nodes)
+            if inserted and not n.op.is_leaf and self.rewritten.original(i) < 0
+        ]
+        read = (*(new_id[i] for i in self.exposed), *new)
+        self.plan = runtime.schedule(self.rewritten, tuple(read))
         self.bounds = input_bounds(self.rewritten)
         self._capture = runtime.capture
-        self._prepare(runtime, {new_id[i]: i for i in wanted})
+        self.released = False
+        self.dependents = 0  # steps fed on the device from this one (which keeps it alive)
+        self._prepare(runtime, {new_id[i]: i for i in wanted}, new)
 
     # -- building -----------------------------------------------------------------------------
 
-    def _prepare(self, rt: Runtime, wanted: Mapping[int, int]) -> None:
+    def _prepare(self, rt: Runtime, wanted: Mapping[int, int], new: Sequence[int]) -> None:
         graph, plan = self.rewritten, self.plan
         rt.register_plan(plan)
         slots: dict[tuple[int, str], Buffer] = {}  # (node, backend) -> input slot or copy target
@@ -167,6 +181,7 @@ class Step:
                 source, buffer = produced[c.node]
                 split_copies.append(rt.transfer(source, buffer, backend, slot, node))
             inputs: dict[int, Buffer] = {}
+            states = []
             for s in split.inputs:
                 node = graph.nodes[s]
                 if node.op is Op.WEIGHT:
@@ -174,6 +189,7 @@ class Step:
                 if node.op is Op.STATE:
                     inputs[s] = rt.state_buffer(node, backend)
                     layout.append((node.arg, backend.name))
+                    states.append((s, node))
                 elif (s, backend.name) in slots:
                     inputs[s] = slots[s, backend.name]
                 else:  # computed by an earlier split on this same backend
@@ -187,19 +203,26 @@ class Step:
             for i in split.outputs:
                 produced[i] = (backend, exe.outputs[i])
             reason = "not run often enough yet" if self._capture else "capture is off"
-            splits.append(_Split(backend, exe, exe, split_copies, reason=reason))
+            splits.append(_Split(backend, exe, exe, split_copies, tuple(states), reason=reason))
         self._splits = splits
         self._layout = rt.intern_layout(tuple(layout))
         self._produced = produced
         self.inputs: Mapping[str, np.ndarray] = host_inputs
         outputs: dict[int, np.ndarray] = {}
         downloads: list[Action] = []
-        for new, old in wanted.items():
-            backend, buffer = produced[new]
-            node = graph.nodes[new]
+        for here, old in wanted.items():
+            backend, buffer = produced[here]
+            node = graph.nodes[here]
             outputs[old] = backend.alloc_host(node.dtype, node.shape)
             downloads.append((backend.download, (buffer, outputs[old])))
+        inserted: dict[int, np.ndarray] = {}
+        for i in new:
+            backend, buffer = produced[i]
+            node = graph.nodes[i]
+            inserted[i] = backend.alloc_host(node.dtype, node.shape)
+            downloads.append((backend.download, (buffer, inserted[i])))
         self.outputs: Mapping[int, np.ndarray] = outputs
+        self.inserted: Mapping[int, np.ndarray] = inserted  # by id in ``rewritten``
         self._downloads = downloads
         self._sync = tuple(dict.fromkeys(s.backend for s in splits))
         self._build_feeds()
@@ -219,7 +242,7 @@ class Step:
                     before.append(self.runtime.transfer(source, buffer, backend, slot, node))
                 else:
                     shape = self.inputs[name].shape
-                    after.append((backend.increment, (slot, shape, feed.advance)))
+                    after.append((backend.increment, (slot, DType.I32, shape, feed.advance)))
         self._host_actions = host
         self._device_actions = before
         self._advance_actions = after
@@ -247,6 +270,8 @@ class Step:
         by construction: an ARGMAX over no more columns than the table it indexes."""
         node = source.graph.outputs[0] if node is None else node
         self._check_name(name)
+        if source.runtime is not self.runtime:
+            raise BackendError("a step is fed only from a step of its own runtime")
         leaf = self.rewritten.nodes[self.rewritten.leaves(Op.INPUT)[name]]
         value = source.graph.nodes[node]
         if (value.dtype, value.shape) != (leaf.dtype, leaf.shape):
@@ -264,23 +289,29 @@ class Step:
                     f"{bound.limit} columns guarantees"
                 )
         source.buffer_of(node)  # it is a value the source step keeps
-        self._feeds[name] = _Feed("device", source, node)
-        self._build_feeds()
+        self._set_feed(name, _Feed("device", source, node))
 
     def keep(self, name: str, advance: int = 0) -> None:
         """From the next run on, input ``name`` stays on the device: that run uploads the host
         buffer's values (write them first), each run after it reads what the device holds, and
         after every run the device values advance by ``advance`` (decode positions: 1)."""
         self._check_name(name)
-        self._feeds[name] = _Feed("kept", advance=advance)
-        self._build_feeds()
+        self._set_feed(name, _Feed("kept", advance=advance))
 
     def feed_host(self, name: str) -> None:
         """Input ``name`` is uploaded from its host buffer at every run (the default)."""
         self._check_name(name)
         if self._feeds[name].kind != "host":
-            self._feeds[name] = _Feed()
-            self._build_feeds()
+            self._set_feed(name, _Feed())
+
+    def _set_feed(self, name: str, feed: _Feed) -> None:
+        old = self._feeds[name].source
+        if old is not None:
+            old.dependents -= 1
+        if feed.source is not None:
+            feed.source.dependents += 1  # kept alive while it feeds this step
+        self._feeds[name] = feed
+        self._build_feeds()
 
     def _check_name(self, name: str) -> None:
         if name not in self._feeds:
@@ -288,11 +319,44 @@ class Step:
                 f"the graph has no input {name!r}; it takes {', '.join(sorted(self._feeds))}"
             )
 
+    def write(self, inputs: Mapping[str, np.ndarray]) -> None:
+        """Copy ``inputs`` (every input some node reads; one nothing reads may be given too)
+        into the host buffers, checked for names, types and shapes, each fed from the host."""
+        declared = self.inputs  # the inputs some node reads
+        unread = set(self.graph.leaves(Op.INPUT)) - set(declared)  # declared, read by nothing
+        missing = sorted(set(declared) - set(inputs))
+        if missing:
+            raise BackendError(f"missing graph input(s): {', '.join(missing)}")
+        unknown = sorted(set(inputs) - set(declared) - unread)
+        if unknown:
+            raise BackendError(
+                f"unknown graph input(s): {', '.join(unknown)}; the graph takes "
+                f"{', '.join(sorted(declared))}"
+            )
+        for name, host in declared.items():
+            self.feed_host(name)  # given here: from the host, whatever the step was set to
+            value = np.asarray(inputs[name])
+            if value.shape != host.shape or not np.can_cast(value.dtype, host.dtype, "same_kind"):
+                raise BackendError(
+                    f"input {name!r} must be {host.dtype}{list(host.shape)}, "
+                    f"got {value.dtype}{list(value.shape)}"
+                )
+            if host.dtype.kind == "i" and value.dtype != host.dtype and value.size:
+                info = np.iinfo(host.dtype)
+                if value.min() < info.min or value.max() > info.max:
+                    raise InputError(f"input {name!r} has values outside the {host.dtype} range")
+            host[...] = value
+
     # -- running ----------------------------------------------------------------------------
 
     def run(self, *, capture: bool | None = None) -> None:
         """One step: inputs checked and moved in, every split executed, outputs downloaded into
         ``outputs``, each backend synchronized once before this returns."""
+        if self.released:
+            raise BackendError(
+                "this step was released (its runtime cleared its states or evicted it); get "
+                "a new one with Runtime.step"
+            )
         rt = self.runtime
         if rt.layout is not self._layout:
             rt.place_states(self._layout)
@@ -338,6 +402,9 @@ class Step:
     def _execute(self, split: _Split, capture: bool) -> None:
         split.runs += 1
         backend = split.backend
+        if split.pending is not None:
+            self._check_replay(split)
+            return
         if not capture or split.tried or split.runs < CAPTURE_AFTER_RUNS:
             backend.execute(split.executable)
             return
@@ -349,36 +416,54 @@ class Step:
             split.reason = captured.reason
             return
         replay = captured.executable
-        if replay.outputs is not eager.outputs and any(
-            replay.outputs.get(i) is not b for i, b in eager.outputs.items()
-        ):
+        if not bound_alike(replay, eager):
             backend.release(replay)
-            split.reason = f"{backend.name}.capture returned an executable on other buffers"
+            split.reason = (
+                f"{backend.name}.capture returned an executable on other buffers than the "
+                "eager one's; a replay must read and write the buffers bound at prepare"
+            )
             return
         if self.runtime.verify_capture:
-            want = self._read_back(backend, eager)
-            backend.execute(replay)
-            got = self._read_back(backend, eager)
-            for i, value in want.items():
-                if value.tobytes() != got[i].tobytes():
-                    node = self.rewritten.nodes[i]
-                    split.reason = (
-                        f"captured replay differs from eager at %{i} {node.op.name}; "
-                        "this split runs eagerly"
-                    )
-                    backend.release(replay)
-                    backend.execute(eager)  # splits are idempotent: redo eagerly
-                    return
+            split.pending = replay
+            split.reason = "captured; its first replay is checked against eager at the next run"
+            return
         split.executable = replay
         split.reason = ""
 
-    def _read_back(self, backend: Backend, exe: Executable) -> dict[int, np.ndarray]:
-        values = {}
+    def _check_replay(self, split: _Split) -> None:
+        """The first replay of a capture, on this run's inputs, against the eager executable on
+        the same inputs: outputs and states bit for bit (splits are idempotent, so the eager
+        run, second, leaves the step's values either way)."""
+        backend, replay = split.backend, split.pending
+        split.pending = None
+        backend.execute(replay)
+        got = self._read_back(split)
+        backend.execute(split.eager)
+        want = self._read_back(split)
+        for key, value in want.items():
+            if value.tobytes() != got[key].tobytes():
+                where = (
+                    key if isinstance(key, str) else f"%{key} {self.rewritten.nodes[key].op.name}"
+                )
+                split.reason = (
+                    f"captured replay differs from eager at {where}; this split runs eagerly"
+                )
+                backend.release(replay)
+                return
+        split.executable = replay
+        split.reason = ""
+
+    def _read_back(self, split: _Split) -> dict[int | str, np.ndarray]:
+        values: dict[int | str, np.ndarray] = {}
+        exe = split.eager
         for i, buf in exe.outputs.items():
             node = self.rewritten.nodes[i]
             values[i] = host_empty(node.dtype, node.shape)
-            backend.download(buf, values[i])
-        backend.synchronize()
+            split.backend.download(buf, values[i])
+        for s, node in split.states:
+            values[f"state {node.arg!r}"] = host_empty(node.dtype, node.shape)
+            split.backend.download(exe.inputs[s], values[f"state {node.arg!r}"])
+        split.backend.synchronize()
         return values
 
     @property
@@ -387,9 +472,16 @@ class Step:
         return [s.reason for s in self._splits]
 
     def release(self) -> None:
+        """Free what the backends made for this step; it cannot run again."""
+        if self.released:
+            return
+        self.released = True
+        for name in self._feeds:  # let go of the steps that fed this one
+            self._set_feed(name, _Feed())
         for split in self._splits:
-            if split.executable is not split.eager:
-                split.backend.release(split.executable)
+            for exe in {id(e): e for e in (split.executable, split.pending) if e}.values():
+                if exe is not split.eager:
+                    split.backend.release(exe)
             split.backend.release(split.eager)
 
 
@@ -437,7 +529,7 @@ class Runtime:
         self.strict = strict
         self.capture = capture
         self.verify_capture = verify_capture
-        self.rewrites = rewrite
+        self.apply_rewrites = rewrite
         self.max_plans = max_plans
         self.states: dict[str, _State] = {}
         self.layout: tuple[tuple[str, str], ...] | None = None
@@ -450,16 +542,14 @@ class Runtime:
     # -- planning ---------------------------------------------------------------------------
 
     def rewrite(self, graph: Graph) -> Graph:
-        """``graph`` as the first backend rewrites it (fused ops), cached; as written when the
-        runtime was made with ``rewrite=False`` (a reference: every node keeps its value)."""
+        """``graph`` as the first backend rewrites it (fused ops), checked and cached; as
+        written when the runtime was made with ``rewrite=False`` (a reference: every node
+        keeps its value)."""
         found = self._rewrites.get(graph)
         if found is None:
-            found = self.backends[0].rewrite(graph) if self.rewrites else graph
-            if found is not graph and found.origin is None:
-                raise BackendError(
-                    f"{self.backends[0].name}.rewrite returned a graph without origin; build "
-                    "rewrites with parity.core.fusion so their nodes keep where they came from"
-                )
+            found = self.backends[0].rewrite(graph) if self.apply_rewrites else graph
+            if found is not graph:
+                _check_rewrite(self.backends[0].name, graph, found)
             self._rewrites[graph] = found
             _bound(self._rewrites, self.max_plans)
         return found
@@ -481,14 +571,22 @@ class Runtime:
         new_id = rewritten.rewritten()
         return self.schedule(rewritten, tuple(new_id[i] for i in expose if i in new_id))
 
-    def step(self, graph: Graph, expose: Sequence[int] = (), *, pin: bool = False) -> Step:
-        """The prepared step of ``graph`` (with ``expose``d nodes read back too), made once.
-        Steps are kept for the ``max_plans`` graphs used last, and for ever when ``pin``ned
-        (the decode steps a session holds on to)."""
-        key = (graph, tuple(expose))
+    def step(
+        self,
+        graph: Graph,
+        expose: Sequence[int] = (),
+        *,
+        pin: bool = False,
+        inserted: bool = False,
+    ) -> Step:
+        """The prepared step of ``graph`` (with ``expose``d nodes read back too, and with
+        ``inserted`` the nodes the rewrite put in: ``Step.inserted``), made once. Steps are kept
+        for the ``max_plans`` graphs used last, while another step is fed from them, and for
+        ever when ``pin``ned (the decode steps a session holds on to)."""
+        key = (graph, tuple(expose), inserted)
         step = self._pinned.get(key) or self._steps.get(key)
         if step is None:
-            step = Step(self, graph, tuple(expose))
+            step = Step(self, graph, tuple(expose), inserted)
         if pin:
             self._steps.pop(key, None)
             self._pinned[key] = step
@@ -498,13 +596,14 @@ class Runtime:
         self._steps[key] = step
         self._steps.move_to_end(key)
         if len(self._steps) > self.max_plans:
-            _, evicted = self._steps.popitem(last=False)
-            evicted.release()
+            evict = next((k for k, s in self._steps.items() if not s.dependents), None)
+            if evict is not None:
+                self._steps.pop(evict).release()
         return step
 
     def capture_status(self, graph: Graph, expose: Sequence[int] = ()) -> list[str]:
         """Per split of a graph that has a step: "" if captured, else why it runs eagerly."""
-        key = (graph, tuple(expose))
+        key = (graph, tuple(expose), False)
         step = self._pinned.get(key) or self._steps.get(key)
         if step is None:
             raise BackendError("this graph has not run on this runtime")
@@ -518,25 +617,29 @@ class Runtime:
         """Register every weight ``graphs`` read, as planned, on the backends that read them,
         one batch per backend (``register_weights``); ``progress(backend name)`` gives the
         callback a backend reports its upload to."""
-        rewritten = [self.rewrite(g) for g in graphs]
-        by_backend: dict[str, dict[str, WeightData]] = {}
-        for graph in rewritten:
-            plan = self.schedule(graph)
-            for name, ws in self._plan_weights(plan).items():
-                by_backend.setdefault(name, {}).update(ws)
-        for name, ws in by_backend.items():
-            todo = self._unregistered(self.by_name[name], ws)
-            if todo:
-                report = progress(name) if progress is not None else None
-                self.by_name[name].register_weights(todo, graphs=rewritten, progress=report)
+        plans = [self.schedule(self.rewrite(g)) for g in graphs]
+        self._register(plans, progress)
 
     def register_plan(self, plan: Plan) -> None:
         """Register what a plan reads that is not registered yet (a graph the model did not
         register at load)."""
-        for name, ws in self._plan_weights(plan).items():
+        self._register([plan], None)
+
+    def _register(self, plans: Sequence[Plan], progress: Callable[[str], Progress] | None) -> None:
+        weights: dict[str, dict[str, WeightData]] = {}
+        splits: dict[str, list[Split]] = {}
+        for plan in plans:
+            for split in plan.splits:
+                splits.setdefault(split.backend, []).append(split)
+                for s in split.inputs:
+                    node = plan.graph.nodes[s]
+                    if node.op is Op.WEIGHT:
+                        weights.setdefault(split.backend, {})[node.arg] = self._weight(node)
+        for name, ws in weights.items():
             todo = self._unregistered(self.by_name[name], ws)
             if todo:
-                self.by_name[name].register_weights(todo, graphs=[plan.graph])
+                report = progress(name) if progress is not None else None
+                self.by_name[name].register_weights(todo, splits=splits[name], progress=report)
 
     @staticmethod
     def _unregistered(backend: Backend, weights: Mapping[str, WeightData]) -> list[WeightData]:
@@ -549,15 +652,6 @@ class Runtime:
             else:
                 todo.append(w)
         return todo
-
-    def _plan_weights(self, plan: Plan) -> dict[str, dict[str, WeightData]]:
-        found: dict[str, dict[str, WeightData]] = {}
-        for split in plan.splits:
-            for s in split.inputs:
-                node = plan.graph.nodes[s]
-                if node.op is Op.WEIGHT:
-                    found.setdefault(split.backend, {})[node.arg] = self._weight(node)
-        return found
 
     def _weight(self, node: Node) -> WeightData:
         w = self.weights.get(node.arg)
@@ -623,7 +717,7 @@ class Runtime:
         """Drop every state and every prepared step (which hold state buffers), e.g. to change
         the context size."""
         for step in (*self._steps.values(), *self._pinned.values()):
-            step.release()
+            step.release()  # bound to the dropped states: they can never run again
         self._steps.clear()
         self._pinned.clear()
         self.states.clear()
@@ -653,28 +747,7 @@ class Runtime:
         that copies the inputs in and returns copies of the outputs and of the ``expose``d nodes
         the rewrite kept (into ``out[id]`` where given). Hot loops use ``step`` directly."""
         step = self.step(graph, expose)
-        declared = step.inputs
-        missing = sorted(set(declared) - set(inputs))
-        if missing:
-            raise BackendError(f"missing graph input(s): {', '.join(missing)}")
-        unknown = sorted(set(inputs) - set(declared))
-        if unknown:
-            raise BackendError(
-                f"unknown graph input(s): {', '.join(unknown)}; the graph takes "
-                f"{', '.join(sorted(declared))}"
-            )
-        for name, host in declared.items():
-            value = np.asarray(inputs[name])
-            if value.shape != host.shape or not np.can_cast(value.dtype, host.dtype, "same_kind"):
-                raise BackendError(
-                    f"input {name!r} must be {host.dtype}{list(host.shape)}, "
-                    f"got {value.dtype}{list(value.shape)}"
-                )
-            if host.dtype.kind == "i" and value.dtype != host.dtype and value.size:
-                info = np.iinfo(host.dtype)
-                if value.min() < info.min or value.max() > info.max:
-                    raise InputError(f"input {name!r} has values outside the {host.dtype} range")
-            host[...] = value
+        step.write(inputs)
         step.run(capture=capture)
         results = {}
         for i, value in step.outputs.items():
@@ -706,6 +779,28 @@ class _Transfer:
         self.src.download(self.buffer, self.host)
         self.src.synchronize()  # the host reads the staged value next
         self.dst.upload(self.slot, self.host)
+
+
+def _check_rewrite(backend: str, graph: Graph, rewritten: Graph) -> None:
+    """A rewrite keeps the graph valid and each value where its origin says: BackendError
+    naming the backend otherwise."""
+    if rewritten.origin is None:
+        raise BackendError(
+            f"{backend}.rewrite returned a graph without origin; build rewrites with "
+            "parity.core.fusion so their nodes keep where they came from"
+        )
+    try:
+        verify(rewritten)
+    except GraphError as e:
+        raise BackendError(f"{backend}.rewrite returned an invalid graph: {e}") from None
+    for i, node in enumerate(rewritten.nodes):
+        o = rewritten.original(i)
+        if o >= 0 and (node.dtype, node.shape) != (graph.nodes[o].dtype, graph.nodes[o].shape):
+            raise BackendError(
+                f"{backend}.rewrite put %{i} {node.op.name} {node.dtype.name}{list(node.shape)} "
+                f"in place of %{o} {graph.nodes[o].op.name}, which is "
+                f"{graph.nodes[o].dtype.name}{list(graph.nodes[o].shape)}"
+            )
 
 
 def _bound(cache: OrderedDict, capacity: int) -> None:

@@ -146,6 +146,12 @@ class Plan:
         )
 
 
+def accepts(backend: Backend, node: Node, srcs: Sequence[Node]) -> bool:
+    """Would the scheduler give ``node`` to ``backend`` (supported, in the backend's numerics)?
+    What a rewrite's ``accept`` should ask of a fused node it is about to put in."""
+    return _accepts(backend, node, list(srcs))[0] is not None
+
+
 def _accepts(b: Backend, node: Node, srcs: list[Node]) -> tuple[str | None, str]:
     """(the numerics b would use, or None if it cannot take the node; why not)."""
     if not b.supports_op(node, srcs):

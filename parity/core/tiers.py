@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from parity.core.dtypes import DType
-from parity.core.ir import Node, Op
+from parity.core.ir import MATRICES, Node, Op
 from parity.errors import PluginError
 
 if TYPE_CHECKING:
@@ -151,8 +151,8 @@ def _number(x: float) -> str:
     return short if float(short) == x else repr(x)
 
 
-# op -> the source index of its packed weight
-PACKED_AT = {Op.GET_ROWS: 0, Op.MATMUL: 1, Op.MATMUL_ADD: 1, Op.MATMUL_SWIGLU: 1}
+# op -> the source index of its packed weight: a table's, a product's (first) matrix
+PACKED_AT = {Op.GET_ROWS: 0, **{op: ks[0] for op, ks in MATRICES.items()}}
 
 
 def packed_type(node: Node, srcs: Sequence[Node]) -> DType | None:

@@ -24,6 +24,7 @@ from parity.core.runtime import Runtime, Step
 from parity.errors import ContextLengthError, InputError
 
 DEFAULT_BATCH = 512  # prefill tokens per graph
+INT32 = (-(2**31), 2**31 - 1)
 
 
 def session_graphs(graphs: DecoderGraphs, n_ctx: int, n_batch: int = DEFAULT_BATCH) -> list:
@@ -99,12 +100,10 @@ class Session:
             raise ContextLengthError(f"{what} is empty: nothing to evaluate")
 
     def _ids(self, tokens: Sequence[int]) -> np.ndarray:
+        """The ids as int32 (the runtime checks them against the vocabulary)."""
         ids = np.asarray(tokens, dtype=np.int64)
-        if ids.ndim != 1 or (ids.size and (ids.min() < 0 or ids.max() >= self.n_vocab)):
-            raise InputError(
-                f"token ids must be a flat sequence of ints in 0..{self.n_vocab - 1} "
-                "(the model's vocabulary)"
-            )
+        if ids.ndim != 1 or (ids.size and (ids.min() < INT32[0] or ids.max() > INT32[1])):
+            raise InputError(f"token ids must be a flat sequence of ints in 0..{self.n_vocab - 1}")
         return ids.astype(np.int32)
 
     def _graph_params(self, n: int, n_out: int, greedy: bool) -> GraphParams:
@@ -157,6 +156,8 @@ class Session:
         pos = self.n_tokens
         self.check_fits(pos + 1, "the sequence")
         step = self._decode[greedy]
+        if step.released:  # the runtime cleared its states: its steps are new ones now
+            step = self._renew(greedy)
         source = self._last_step
         if greedy and source is not None and self._last_token == token:
             if self._fed_from[greedy] is not source:
@@ -166,7 +167,7 @@ class Session:
             if self._fed_from[greedy] is not None:
                 step.feed_host("tokens")
                 self._fed_from[greedy] = None
-            if not 0 <= token < self.n_vocab:  # (before numpy sees an int beyond int32)
+            if not INT32[0] <= token <= INT32[1]:  # (the runtime checks the vocabulary)
                 raise InputError(f"token id {token} is outside the vocabulary of {self.n_vocab}")
             step.inputs["tokens"][0] = token
         if self._next_position[greedy] != pos:  # the device holds another position: set it
@@ -181,6 +182,15 @@ class Session:
             return out[0]
         self._last_step, self._last_token = step, out.item(0)  # (no numpy scalar on the way)
         return self._last_token
+
+    def _renew(self, greedy: bool) -> Step:
+        self._decode = {
+            g: self.runtime.step(graph, pin=True) for g, graph in self.decode_graphs.items()
+        }
+        self._next_position = {False: -1, True: -1}
+        self._fed_from = {False: None, True: None}
+        self._last_step = None
+        return self._decode[greedy]
 
     def logits(self, tokens: Sequence[int], n_out: int | None = None) -> np.ndarray:
         """Evaluate ``tokens`` from position 0 and return the logits of the last ``n_out``

@@ -34,7 +34,8 @@ from parity.backends.cpu import attention_tiled, kernel_choice, memory, ops
 from parity.core.backend import Availability, Backend, Buffer, Device, Executable, Split
 from parity.core.dtypes import DType
 from parity.core.fusion import PASSES, fuse
-from parity.core.ir import AttentionArg, Graph, Node, Op, RopeArg
+from parity.core.ir import MATMULS, MATRICES, AttentionArg, Graph, Node, Op, RopeArg, matrix_sources
+from parity.core.scheduler import accepts
 from parity.core.weights import WeightData
 from parity.errors import ConfigError
 from parity.quant import Q8Activations
@@ -92,11 +93,8 @@ COMPONENTS = {
 FUSIONS = {"definition": (), "numpy": ("share_quantization",), "numba": PASSES}
 
 # (op, source index) of the weights read in packed form: unpacked by parity.quant for the
-# numpy kernels, raw GGUF bytes for the numba ones
-PACKED_OPERANDS = frozenset(
-    {(Op.GET_ROWS, 0), (Op.MATMUL, 1), (Op.MATMUL_ADD, 1), (Op.MATMUL_SWIGLU, 1),
-     (Op.MATMUL_SWIGLU, 2)}
-)  # fmt: skip
+# numpy kernels, raw GGUF bytes for the numba ones (a table's, and the products' matrices)
+PACKED_OPERANDS = frozenset({(Op.GET_ROWS, 0)} | {(op, k) for op in MATMULS for k in MATRICES[op]})
 
 
 @attrs.frozen
@@ -220,21 +218,21 @@ class CpuBackend(Backend):
 
     def _fusable(self, node: Node, srcs: Sequence[Node]) -> bool:
         parts = COMPONENTS.get(node.op, (node.op,))
-        return self.supports_op(node, srcs) and all(p in self._native for p in parts)
+        return accepts(self, node, srcs) and all(p in self._native for p in parts)
 
     # -- weights --------------------------------------------------------------------------------
 
     def load_weight(self, weight: WeightData) -> None:
         pass  # zero-copy: the mapped bytes are read where they lie, in the form a kernel needs
 
-    def register_weights(self, weights, *, graphs=(), progress=None) -> None:
-        super().register_weights(weights, graphs=graphs, progress=progress)
-        for graph in graphs:  # the forms the graphs read, built now rather than at a first step
-            for node in graph.nodes:
-                for k, s in enumerate(node.src):
-                    src = graph.nodes[s]
-                    if src.op is Op.WEIGHT and src.arg in self.weights:
-                        self.weight(src.arg, self._form(node.op, k))
+    def register_weights(self, weights, *, splits=(), progress=None) -> None:
+        super().register_weights(weights, splits=splits, progress=progress)
+        for split in splits:  # the forms its nodes read, built now rather than at a first step
+            nodes = split.graph.nodes
+            for i in split.nodes:
+                for k, s in enumerate(nodes[i].src):
+                    if nodes[s].op is Op.WEIGHT and nodes[s].arg in self.weights:
+                        self.weight(nodes[s].arg, self._form(nodes[i].op, k))
 
     def _form(self, op: Op, k: int) -> str:
         if (op, k) not in PACKED_OPERANDS:
@@ -297,7 +295,7 @@ class CpuBackend(Backend):
         for part in (buffer.q, buffer.d, buffer.s) if dtype is DType.Q8A else (buffer,):
             part.fill(0)
 
-    def increment(self, buffer: Buffer, shape: tuple[int, ...], by: int) -> None:
+    def increment(self, buffer: Buffer, dtype: DType, shape: tuple[int, ...], by: int) -> None:
         if buffer.size == 1:  # a decode position (an int32 ufunc call allocates ~1 KiB)
             buffer[0] += by
         else:
@@ -361,23 +359,26 @@ class CpuBackend(Backend):
         if node.op not in (Op.MATMUL, Op.MATMUL_ADD, Op.MATMUL_SWIGLU):
             return [Call(writers[node.op], i, tuple(srcs), node.arg, True)]
         calls: list[Call] = []
-        x = srcs[0]
-        x_node = graph.nodes[node.src[0]]
-        weight = graph.nodes[node.src[1]]
-        if x_node.dtype is DType.F32 and weight.dtype.is_quantized:  # quantize x first
-            xq = Temp(i, 0, DType.Q8A, x_node.shape)
+        x, x_node = srcs[0], graph.nodes[node.src[0]]
+        matrices = [graph.nodes[node.src[k]] for k in matrix_sources(node)]
+        xq = x  # the form of x each product reads: quantized for a quantized weight
+        if x_node.dtype is DType.F32 and any(w.dtype.is_quantized for w in matrices):
+            xq = Temp(i, 0, DType.Q8A, x_node.shape)  # quantize x once, for all of them
             calls.append(Call(writers[Op.QUANTIZE], xq, (x,), None, True))
-            x = xq
+
+        def x_for(k: int) -> Value:
+            return xq if graph.nodes[node.src[k]].dtype.is_quantized else x
+
         matmul = writers[Op.MATMUL]
         if node.op is Op.MATMUL:
-            return [*calls, Call(matmul, i, (x, *srcs[1:]), None, True)]
+            return [*calls, Call(matmul, i, (x_for(1), *srcs[1:]), None, True)]
         if node.op is Op.MATMUL_ADD:
             *product, residual = srcs[1:]
-            calls.append(Call(matmul, i, (x, *product), None, True))
+            calls.append(Call(matmul, i, (x_for(1), *product), None, True))
             return [*calls, Call(writers[Op.ADD], i, (residual, i), None, True)]  # fl(r + y)
         gate, up = Temp(i, 1, DType.F32, node.shape), Temp(i, 2, DType.F32, node.shape)
-        calls.append(Call(matmul, gate, (x, srcs[1]), None, True))
-        calls.append(Call(matmul, up, (x, srcs[2]), None, True))
+        calls.append(Call(matmul, gate, (x_for(1), srcs[1]), None, True))
+        calls.append(Call(matmul, up, (x_for(2), srcs[2]), None, True))
         return [*calls, Call(writers[Op.SWIGLU], i, (gate, up), None, True)]
 
     def _resolve(self, node: Node, form: str) -> _Form:

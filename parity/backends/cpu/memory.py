@@ -101,5 +101,7 @@ class Arena:
 
     def reserve(self, size: int) -> None:
         if size > self.buffer.size:
-            self.buffer = np.zeros(_up(size), np.uint8)
+            raw = np.zeros(_up(size) + ALIGN, np.uint8)
+            skip = -raw.ctypes.data % ALIGN  # numpy aligns to 16: start on a cache line
+            self.buffer = raw[skip : skip + _up(size)]
             self.generation += 1

@@ -257,7 +257,7 @@ class JaxBackend(Backend):
     def zero(self, buffer: JaxBuffer, dtype: DType, shape: tuple[int, ...]) -> None:
         buffer.value = self._zeros(dtype, tuple(shape))  # a device fill, no host transfer
 
-    def increment(self, buffer: JaxBuffer, shape: tuple[int, ...], by: int) -> None:
+    def increment(self, buffer: JaxBuffer, dtype: DType, shape: tuple[int, ...], by: int) -> None:
         buffer.value = self._add(buffer.value, np.int32(by))  # on the device, queued
 
     def copy_from(self, dst: JaxBuffer, src: Any, source: Backend) -> bool:

@@ -244,8 +244,8 @@ def test_zero_increment_and_copy_from_stay_on_the_device(monkeypatch):
         for name in ("upload", "download", "synchronize"):
             m.setattr(backend, name, no_host)
         backend.zero(state, DType.F32, (4, 8))
-        backend.increment(pos, (1,), 1)
-        backend.increment(pos, (1,), 2)
+        backend.increment(pos, DType.I32, (1,), 1)
+        backend.increment(pos, DType.I32, (1,), 2)
         assert backend.copy_from(dst, src, backend)
     assert dst.value is not src.value  # a new array: the caches an executable writes are donated
     assert not _read(backend, state, DType.F32, (4, 8)).any()
@@ -263,7 +263,7 @@ def _bound(backend: JaxBackend, graph, weights) -> tuple:
     (split,) = schedule(graph, [backend], strict=True).splits
     backend.register_weights(
         [weights[graph.nodes[i].arg] for i in split.inputs if graph.nodes[i].op is Op.WEIGHT],
-        graphs=[graph],
+        splits=[split],
     )
     bound = {i: backend.alloc(graph.nodes[i].dtype, graph.nodes[i].shape) for i in split.inputs
              if graph.nodes[i].op is not Op.WEIGHT}  # fmt: skip

@@ -96,14 +96,9 @@ def matmul_into(
         np.add(out, rest[0], out)  # fl(y + bias)
 
 
-def matmul_op(
-    x: np.ndarray,
-    weight: PackedWeight,
-    bias: np.ndarray | None = None,
-    xq: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-) -> np.ndarray:
-    """``ops.matmul`` on a PackedWeight; ``xq`` is x already quantized (shared by the matmuls
-    that read the same x)."""
+def matmul_op(x: np.ndarray, weight: PackedWeight, bias: np.ndarray | None = None) -> np.ndarray:
+    """``ops.matmul`` on a PackedWeight (a shared quantization is a QUANTIZE node's value,
+    which ``matmul_into`` reads)."""
     n, k = weight.shape
     if not isinstance(x, np.ndarray) or x.dtype != F32 or x.ndim != 2 or x.shape[1] != k:
         got = f"{x.dtype} {x.shape}" if isinstance(x, np.ndarray) else type(x).__name__
@@ -114,7 +109,7 @@ def matmul_op(
     x = np.ascontiguousarray(x)
     y = np.empty((x.shape[0], n), F32)
     if weight.dtype.is_quantized and x.shape[0]:
-        x = Q8Activations(*(quantize(x) if xq is None else xq))
+        x = Q8Activations(*quantize(x))
     matmul_into(y, x, weight, None)
     if bias is not None:
         y = ops.add(y, bias)
