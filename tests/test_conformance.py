@@ -188,6 +188,47 @@ def test_harness_catches(case, op, fn, message):
     assert r.failed and message in r.explain(), r.explain()
 
 
+class ForgetfulZero(CpuBackend):
+    name = "forgetful"
+
+    def zero(self, buffer, dtype, shape):
+        pass  # leaves the cache as it was
+
+
+class OffByOne(CpuBackend):
+    name = "offbyone"
+
+    def increment(self, buffer, dtype, shape, by):
+        super().increment(buffer, dtype, shape, by + 1)
+
+
+class WrongWhenInternal(CpuBackend):
+    """Right when every node leaves its split, wrong when some stay inside: a bug of the path
+    a model's plan takes (intermediates in the backend's own memory)."""
+
+    name = "internal"
+
+    def execute(self, exe):
+        super().execute(exe)
+        if len(exe.split.outputs) < len(exe.split.nodes):
+            for buf in exe.outputs.values():
+                if buf.dtype == np.float32:
+                    buf += np.float32(1)
+
+
+@pytest.mark.parametrize(
+    "cls, case, message",
+    [
+        (ForgetfulZero, "attention-9x3x64-p300-t1", "zero left state 'k' with bits"),
+        (OffByOne, "attention-9x3x64-p300-t1", "increment of 'pos' by 3 did not add 3"),
+        (WrongWhenInternal, "attention-9x3x64-p300-t1", "the step with only its outputs leaving"),
+    ],
+)
+def test_the_kit_checks_the_device_slots(cls, case, message):
+    r = judge(_cpu(cls), SUITE[case].build())
+    assert r.failed and message in r.explain(), r.explain()
+
+
 def test_unsupported_ops_are_reported_not_failed():
     r = judge(_cpu(PartialBackend), SUITE["rope-normal-9x64"].build())
     assert r.verdict == "unsupported" and "ROPE" in r.explain()

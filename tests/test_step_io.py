@@ -130,7 +130,8 @@ ITERATORS = 512  # bytes: the few loop iterators a step keeps alive at once
 def test_a_decode_step_allocates_nothing(model, greedy):
     """64 decode steps through the session and the runtime: nothing they allocate outlives a
     step, and at no moment do they hold more than a few loop iterators (no dict, no list, no
-    array a step builds for itself); the kernels' own scratch is theirs."""
+    array a step builds for itself). What the cpu backend's kernels allocate inside a call
+    (numba's scratch: a row's terms, attention's laid-out keys) is theirs and not counted."""
     backend = Measured()
     session = session_on(backend, model)
     token = session.prefill([5, 9, 13], greedy=greedy)

@@ -14,9 +14,11 @@ the same bits:
 
 ``prepare`` turns a split into a list of calls, each writing one value into a buffer planned
 for it (``memory``): a split's outputs get buffers of their own, the rest live in an arena
-shared by the backend's executables, so a step allocates nothing. A node is one call, or a few
-(``_expand``: a product of F32 x by a quantized weight quantizes x into a temporary first; the
-fused ops are their compositions' kernels in a row).
+shared by the backend's executables, so no value of a step is allocated by the step. (The
+compiled kernels keep small scratch of their own, per call: a row's terms, and attention's
+keys laid out head dimension first, which is a copy of the cache rows a token reads.) A node
+is one call, or a few (``_expand``: a product of F32 x by a quantized weight quantizes x into a
+temporary first; the fused ops are their compositions' kernels in a row).
 """
 
 from __future__ import annotations
