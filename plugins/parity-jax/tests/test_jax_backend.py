@@ -328,6 +328,8 @@ def _one_case_per_op_and_matmul_type():
     The matrix products (fused or not) once per weight type."""
     seen, cases = set(), []
     for spec in op_suite():
+        if spec.op == "FUSION":  # patterns for a rewrite; jax runs graphs as written
+            continue
         key = (spec.op, spec.type if Op[spec.op] in MATMULS else None)
         if key not in seen:
             seen.add(key)
