@@ -1,0 +1,143 @@
+// The numeric contract's primitives in CUDA C (docs/numerics.md). Compiled with --fmad=false
+// and without fast-math, so every float expression below is one correctly rounded binary32
+// operation in the order written; the explicit __f*_rn intrinsics say so where it matters.
+#pragma once
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+#define FULL_MASK 0xffffffffu
+
+// ---- bits --------------------------------------------------------------------------------
+
+__device__ __forceinline__ float bits_f32(u32 b) { return __uint_as_float(b); }
+
+// binary16 bits -> binary32, exactly (fp16 subnormals become normal fp32 values)
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    u32 sign = (u32)(h & 0x8000u) << 16;
+    u32 exp = (h >> 10) & 0x1fu;
+    u32 man = h & 0x3ffu;
+    if (exp == 0x1fu) return bits_f32(sign | 0x7f800000u | (man << 13));  // inf, NaN
+    if (exp == 0) {
+        if (man == 0) return bits_f32(sign);  // +-0
+        // subnormal: man * 2^-24, exact in binary32
+        float v = __fmul_rn((float)man, bits_f32(0x33800000u));  // 2^-24
+        return bits_f32(sign | __float_as_uint(v));
+    }
+    return bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+// a little-endian u16 at any byte address (blocks of 18 or 22 bytes are only 2-aligned)
+__device__ __forceinline__ u16 load_u16(const u8* p) { return (u16)p[0] | ((u16)p[1] << 8); }
+
+__device__ __forceinline__ u32 load_u32(const u8* p) {
+    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}
+
+// ---- exp ---------------------------------------------------------------------------------
+
+// The project's exp, line for line (docs/numerics.md, "exp").
+__device__ __forceinline__ float p_exp(float x) {
+    const float LOG2E = bits_f32(0x3fb8aa3bu);   // 0x1.715476p+0
+    const float LN2_HI = bits_f32(0x3f317200u);  // 0x1.62e400p-1
+    const float LN2_LO = bits_f32(0x35bfbe8eu);  // 0x1.7f7d1cp-20
+    const float EXP_HI = bits_f32(0x42b17217u);  // 0x1.62e42ep+6
+    const float EXP_LO = bits_f32(0xc2d00000u);  // -0x1.a00000p+6 = -104
+    const bool nan = x != x;
+    float xc = nan ? 0.0f : fminf(fmaxf(x, EXP_LO), EXP_HI);
+    float kf = rintf(__fmul_rn(xc, LOG2E));  // half to even
+    float a = __fmul_rn(kf, LN2_HI);
+    float r = __fsub_rn(xc, a);
+    float b = __fmul_rn(kf, LN2_LO);
+    r = __fsub_rn(r, b);
+    float p = bits_f32(0x39500d01u);                     // C7 0x1.a01a02p-13
+    p = __fadd_rn(__fmul_rn(p, r), bits_f32(0x3ab60b61u));  // C6 0x1.6c16c2p-10
+    p = __fadd_rn(__fmul_rn(p, r), bits_f32(0x3c088889u));  // C5 0x1.111112p-7
+    p = __fadd_rn(__fmul_rn(p, r), bits_f32(0x3d2aaaabu));  // C4 0x1.555556p-5
+    p = __fadd_rn(__fmul_rn(p, r), bits_f32(0x3e2aaaabu));  // C3 0x1.555556p-3
+    p = __fadd_rn(__fmul_rn(p, r), bits_f32(0x3f000000u));  // C2 1/2
+    p = __fadd_rn(__fmul_rn(p, r), bits_f32(0x3f800000u));  // C1 1
+    p = __fadd_rn(__fmul_rn(p, r), bits_f32(0x3f800000u));  // C0 1
+    int k = (int)kf;
+    int k1 = k >> 1;  // arithmetic shift: floor(k / 2)
+    int k2 = k - k1;
+    float y = __fmul_rn(__fmul_rn(p, bits_f32((u32)(k1 + 127) << 23)),
+                        bits_f32((u32)(k2 + 127) << 23));
+    if (nan) return x;
+    if (x > EXP_HI) return __int_as_float(0x7f800000);
+    if (x < EXP_LO) return 0.0f;
+    return y;
+}
+
+__device__ __forceinline__ float p_silu(float x) {
+    float e = p_exp(-x);  // -x flips the sign bit
+    float d = __fadd_rn(1.0f, e);
+    return __fdiv_rn(x, d);
+}
+
+// ---- TREE --------------------------------------------------------------------------------
+
+// TREE(v_0 .. v_{n-1}) built one leaf at a time: ``st`` holds the finished subtrees, level L
+// in st[L] when bit L of ``count`` (the leaves pushed so far) is set, exactly as the binary
+// counter of a left-to-right walk over the adjacent-pairs tree. Every level index is a
+// compile-time constant, so ``st`` stays in registers. fl(a + b) is commutative, so which
+// operand comes first does not matter; which pairs are added does, and that is the tree's.
+template <int MAXL>
+__device__ __forceinline__ void tree_push(float (&st)[MAXL], int count, float v, int level = 0) {
+    float carry = v;
+    bool open = true;
+#pragma unroll
+    for (int L = 0; L < MAXL; ++L) {
+        if (open && L >= level) {
+            if ((count >> L) & 1) {
+                carry = __fadd_rn(st[L], carry);
+            } else {
+                st[L] = carry;
+                open = false;
+            }
+        }
+    }
+}
+
+// Pad a tree of ``count`` leaves with +0.0 leaves up to ``width`` (a power of two) and return
+// its value. A run of 2^j padding leaves starting at a multiple of 2^j is a subtree whose sum
+// is +0.0, pushed whole at level j; the adds with real subtrees above it still happen.
+template <int MAXL>
+__device__ __forceinline__ float tree_finish(float (&st)[MAXL], int count, int width) {
+    while (count < width) {
+        int j = __ffs(count) - 1;  // the largest aligned zero subtree that starts at count
+        if (count == 0) j = 31 - __clz(width);
+        tree_push<MAXL>(st, count >> j << j, 0.0f, j);
+        count += 1 << j;
+    }
+    return st[31 - __clz(width)];
+}
+
+__host__ __device__ __forceinline__ int next_pow2(int n) {
+    int w = 1;
+    while (w < n) w <<= 1;
+    return w;
+}
+
+// Sum of a warp's values in TREE order over its first ``width`` lanes (width a power of two
+// <= 32): the xor butterfly with offsets 1, 2, 4, ... adds exactly the adjacent pairs of each
+// level. Every lane gets the result (lanes >= width: garbage).
+__device__ __forceinline__ float warp_tree(float v, int width) {
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        if (off < width) v = __fadd_rn(v, __shfl_xor_sync(FULL_MASK, v, off));
+    }
+    return v;
+}
+
+// ---- NaN-aware max -------------------------------------------------------------------------
+
+// max that propagates NaN (fmaxf drops it)
+__device__ __forceinline__ float max_nan(float a, float b) {
+    if (a != a) return a;
+    if (b != b) return b;
+    return fmaxf(a, b);
+}
