@@ -1,0 +1,262 @@
+// Row-wise and elementwise ops: ADD, MUL, SILU, SWIGLU, RMS_NORM (and its MUL, and the Q8
+// activation quantization that may follow it), QUANTIZE, ROPE, KV_WRITE, GET_ROWS, ARGMAX.
+// Each is docs/numerics.md's listing; rows are independent, so a row's bits never depend on
+// how many rows a launch covers.
+#include "common.cuh"
+#include "quant.cuh"
+
+// ---- elementwise -------------------------------------------------------------------------
+
+enum { OP_ADD = 0, OP_MUL = 1 };
+
+// y = a (op) b, b of a's shape or a (width,) row broadcast over the rows
+template <int OP>
+__global__ void binary_f32(float* y, const float* a, const float* b, i64 n, int width,
+                           int b_row) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
+         i += (i64)gridDim.x * blockDim.x) {
+        float bv = b[b_row ? i % width : i];
+        y[i] = OP == OP_ADD ? __fadd_rn(a[i], bv) : __fmul_rn(a[i], bv);
+    }
+}
+
+__global__ void silu_f32(float* y, const float* x, i64 n) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
+         i += (i64)gridDim.x * blockDim.x)
+        y[i] = p_silu(x[i]);
+}
+
+__global__ void swiglu_f32(float* y, const float* g, const float* u, i64 n) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
+         i += (i64)gridDim.x * blockDim.x)
+        y[i] = __fmul_rn(p_silu(g[i]), u[i]);
+}
+
+// ---- Q8 activation quantization --------------------------------------------------------------
+
+// One warp quantizes one 32-element block: lane i holds x_i (docs/numerics.md, "Activation
+// quantization"). Writes q[i] from every lane and d, s from lane 0.
+__device__ __forceinline__ void quantize_block(float x, i8* q, float* d_out, float* s_out) {
+    const int lane = threadIdx.x & 31;
+    float amax = fabsf(x);  // |-0| = +0
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = max_nan(amax, __shfl_xor_sync(FULL_MASK, amax, off));
+    float d = __fdiv_rn(amax, 127.0f);
+    int qi = 0;
+    if (d != 0.0f) {
+        float v = __fdiv_rn(x, d);  // correctly rounded, not x * (1/d)
+        if (isfinite(v)) {
+            float r = roundf(v);  // half away from zero; exact
+            r = fminf(fmaxf(r, -127.0f), 127.0f);
+            qi = (int)r;
+        }
+    }
+    q[lane] = (i8)qi;
+    int sum = qi;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, off);
+    if (lane == 0) {
+        *d_out = d;
+        *s_out = __fmul_rn(d, (float)sum);
+    }
+}
+
+// x (rows, K) -> Q8A (q (rows, K), d and s (rows, K/32)); one warp per block
+__global__ void quantize_q8(i8* q, float* d, float* s, const float* x, i64 n_blocks) {
+    const int warps = blockDim.x >> 5;
+    for (i64 b = blockIdx.x * (i64)warps + (threadIdx.x >> 5); b < n_blocks;
+         b += (i64)gridDim.x * warps) {
+        quantize_block(x[b * 32 + (threadIdx.x & 31)], q + b * 32, d + b, s + b);
+    }
+}
+
+// ---- block-wide TREE -------------------------------------------------------------------------
+
+// TREE over P values held by threads 0..P-1 in order (P a power of two, <= blockDim.x), each
+// already the sum of an aligned run of leaves. Every thread gets the result. ``smem``: 33
+// floats.
+__device__ float block_tree(float v, int P, float* smem) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_tree(v, P < 32 ? P : 32);
+    if (P > 32) {
+        if (lane == 0) smem[warp] = v;
+        __syncthreads();
+        if (warp == 0) {
+            float w = lane < (P >> 5) ? smem[lane] : 0.0f;
+            w = warp_tree(w, P >> 5);
+            if (lane == 0) smem[32] = w;
+        }
+    } else if (threadIdx.x == 0) {
+        smem[32] = v;
+    }
+    __syncthreads();
+    float r = smem[32];
+    __syncthreads();  // smem may be reused at once
+    return r;
+}
+
+// ---- RMS_NORM [MUL] [QUANTIZE] -------------------------------------------------------------
+
+// One block per row. Thread t takes the aligned run [tR, tR + R) of the next_pow2(width)
+// slots of the squares' TREE (R = max(1, W / blockDim.x)), so the block's tree is the
+// contract's. y = x * scale (* w when w is given); the row is also quantized when q is given
+// (the Q8A a matrix product reads: RMS_NORM + MUL + QUANTIZE in one launch).
+#define NORM_THREADS 256
+#define NORM_MAXL 9  // runs of up to 256 slots per thread: widths up to 65536
+
+__global__ void __launch_bounds__(NORM_THREADS)
+rms_norm_f32(float* y, i8* q, float* qd, float* qs, const float* x, const float* w, int width,
+             float eps) {
+    extern __shared__ float srow[];  // width floats, when quantizing
+    __shared__ float tmp[33];
+    const i64 row = blockIdx.x;
+    const float* xr = x + row * width;
+    const int W = next_pow2(width);
+    const int R = W > NORM_THREADS ? W / NORM_THREADS : 1;
+    const int P = W / R;
+    float part = 0.0f;
+    if ((int)threadIdx.x < P) {
+        float st[NORM_MAXL];
+        const int start = threadIdx.x * R;
+        int n = width - start;
+        n = n < 0 ? 0 : (n > R ? R : n);
+        for (int i = 0; i < n; ++i) {
+            float v = xr[start + i];
+            tree_push<NORM_MAXL>(st, i, __fmul_rn(v, v));
+        }
+        part = tree_finish<NORM_MAXL>(st, n, R);
+    }
+    float ss = block_tree(part, P, tmp);
+    float mean = __fdiv_rn(ss, (float)width);
+    float r = __fsqrt_rn(__fadd_rn(mean, eps));
+    float scale = __fdiv_rn(1.0f, r);
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        float v = __fmul_rn(xr[i], scale);
+        if (w != nullptr) v = __fmul_rn(v, w[i]);
+        if (y != nullptr) y[row * width + i] = v;
+        if (q != nullptr) srow[i] = v;
+    }
+    if (q == nullptr) return;
+    __syncthreads();
+    const int blocks = width >> 5, warps = blockDim.x >> 5;
+    for (int b = threadIdx.x >> 5; b < blocks; b += warps) {
+        quantize_block(srow[b * 32 + (threadIdx.x & 31)], q + row * width + b * 32,
+                       qd + row * blocks + b, qs + row * blocks + b);
+    }
+}
+
+// ---- ROPE, KV_WRITE ----------------------------------------------------------------------------
+
+// One thread per (token, head, pair); dims n_rot.. of each head are copied. When ``cache`` is
+// given, the rotated row is also written into cache row positions[t] (ROPE + KV_WRITE).
+template <int NEOX>
+__global__ void rope_f32(float* y, float* cache, const float* x, const int* positions,
+                         const float* cos_t, const float* sin_t, int n_tokens, int n_head,
+                         int head_dim, int n_rot) {
+    const int half = n_rot >> 1;
+    const int width = n_head * head_dim;
+    const int per_head = half + (head_dim - n_rot);  // pairs, then copied dims
+    const i64 total = (i64)n_tokens * n_head * per_head;
+    for (i64 k = blockIdx.x * (i64)blockDim.x + threadIdx.x; k < total;
+         k += (i64)gridDim.x * blockDim.x) {
+        const int t = (int)(k / ((i64)n_head * per_head));
+        const int rem = (int)(k % ((i64)n_head * per_head));
+        const int h = rem / per_head, i = rem % per_head;
+        const i64 base = (i64)t * width + h * head_dim;
+        const int p = positions[t];
+        float* crow = cache != nullptr ? cache + (i64)p * width + h * head_dim : nullptr;
+        if (i < half) {
+            const int i0 = NEOX ? i : 2 * i, i1 = NEOX ? i + half : 2 * i + 1;
+            const float c = cos_t[(i64)p * half + i], s = sin_t[(i64)p * half + i];
+            const float x0 = x[base + i0], x1 = x[base + i1];
+            const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+            const float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+            if (y != nullptr) {
+                y[base + i0] = y0;
+                y[base + i1] = y1;
+            }
+            if (crow != nullptr) {
+                crow[i0] = y0;
+                crow[i1] = y1;
+            }
+        } else {
+            const int d = n_rot + (i - half);
+            if (y != nullptr) y[base + d] = x[base + d];
+            if (crow != nullptr) crow[d] = x[base + d];
+        }
+    }
+}
+
+// cache[positions[t], :] = rows[t, :]
+__global__ void kv_write_f32(float* cache, const float* rows, const int* positions, int n_tokens,
+                             int width) {
+    const i64 total = (i64)n_tokens * width;
+    for (i64 k = blockIdx.x * (i64)blockDim.x + threadIdx.x; k < total;
+         k += (i64)gridDim.x * blockDim.x) {
+        const int t = (int)(k / width), i = (int)(k % width);
+        cache[(i64)positions[t] * width + i] = rows[k];
+    }
+}
+
+// ---- GET_ROWS ------------------------------------------------------------------------------------
+
+// y[t, :] = dequantize(W)[ids[t], :]; one thread per output element's sub-block element
+template <int QT>
+__global__ void get_rows(float* y, const u8* w, const int* ids, int n_tokens, int K,
+                         i64 row_bytes) {
+    const i64 total = (i64)n_tokens * K;
+    for (i64 k = blockIdx.x * (i64)blockDim.x + threadIdx.x; k < total;
+         k += (i64)gridDim.x * blockDim.x) {
+        const int t = (int)(k / K), e = (int)(k % K);
+        y[k] = dequant_element<QT>(w + (i64)ids[t] * row_bytes, e);
+    }
+}
+
+// ---- ARGMAX ----------------------------------------------------------------------------------------
+
+// is (va, ia) before (vb, ib) in argmax's order: NaN above every number, the first index on ties
+__device__ __forceinline__ bool arg_better(float va, int ia, float vb, int ib) {
+    const bool na = va != va, nb = vb != vb;
+    if (na || nb) return na && (!nb || ia < ib);
+    return va > vb || (va == vb && ia < ib);
+}
+
+// One block per row (argmax is exact in any order once ties and NaN are resolved as stated)
+__global__ void argmax_f32(int* out, const float* x, int width) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float* xr = x + (i64)blockIdx.x * width;
+    float bv = 0.0f;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        const float v = xr[i];
+        if (bi == 0x7fffffff || arg_better(v, i, bv, bi)) {
+            bv = v;
+            bi = i;
+        }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_xor_sync(FULL_MASK, bv, off);
+        const int oi = __shfl_xor_sync(FULL_MASK, bi, off);
+        if (oi != 0x7fffffff && (bi == 0x7fffffff || arg_better(ov, oi, bv, bi))) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        sv[warp] = bv;
+        si[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int k = 1; k < (int)(blockDim.x >> 5); ++k) {
+            if (si[k] != 0x7fffffff && (bi == 0x7fffffff || arg_better(sv[k], si[k], bv, bi))) {
+                bv = sv[k];
+                bi = si[k];
+            }
+        }
+        out[blockIdx.x] = bi;
+    }
+}
