@@ -1,0 +1,276 @@
+// MATMUL y = x W^T (docs/numerics.md, "MATMUL"), with the epilogues of the fused ops: bias
+// (its own rounding), residual (MATMUL_ADD: fl(r + y) after the product's TREE) and SWIGLU
+// (MATMUL_SWIGLU: both products' TREEs in full, then fl(silu(g) * u)).
+//
+// Quantized W: per output (t, n) and sub-block s, isum_s is an exact int32 dot product of the
+// weight's quants with x's Q8 quants (__dp4a: integer sums are exact in any order), then
+// term_s = fl(fl(a * d_x) * isum_s) [+- fl(m * s_x)], and y = TREE(term_0 .. term_{S-1}).
+// Float W: y = TREE(fl(x_k * w_k)) over K. Both kernels below build the same TREE, so a token's
+// result does not depend on which kernel, or how many tokens, computed it.
+//
+// gemv: one warp per output row, every token of the step in registers (few tokens). Lane l
+//   owns the aligned run of R = W/32 slots [lR, lR + R) of the row's TREE (or slot l when
+//   W < 32), builds its subtree with tree_push, and the xor butterfly adds the 32 subtrees.
+// gemm: a block computes a tile of tokens x rows (prefill); each thread keeps its outputs'
+//   TREEs as binary counters in registers while the sub-blocks stream through shared memory.
+#include "common.cuh"
+#include "quant.cuh"
+
+enum { EPI_BIAS = 1, EPI_RESIDUAL = 2, EPI_SWIGLU = 4 };
+
+struct Q8 {  // a Q8A value on the device: quants (T, K), and per 32-block d and s (T, K/32)
+    const i8* q;
+    const float* d;
+    const float* s;
+};
+
+// exact isum of one sub-block: n words of 4 weight quants times 4 activation quants
+template <int WORDS>
+__device__ __forceinline__ int dot_words(const int (&wq)[8], const int* xq) {
+    int acc = 0;
+#pragma unroll
+    for (int w = 0; w < WORDS; ++w) acc = __dp4a(wq[w], xq[w], acc);
+    return acc;
+}
+
+// the contract's term of one sub-block
+template <int QT>
+__device__ __forceinline__ float sub_term(float a, float m, float dx, float sx, int isum) {
+    float term = __fmul_rn(__fmul_rn(a, dx), (float)isum);
+    if (Layout<QT>::MIN == 1) term = __fadd_rn(term, __fmul_rn(m, sx));
+    if (Layout<QT>::MIN == -1) term = __fsub_rn(term, __fmul_rn(m, sx));
+    return term;
+}
+
+template <int EPI>
+__device__ __forceinline__ float epilogue(float y, float y2, const float* bias, const float* res,
+                                          int t, int n, int N) {
+    if (EPI & EPI_SWIGLU) return __fmul_rn(p_silu(y), y2);
+    if (EPI & EPI_BIAS) y = __fadd_rn(y, bias[n]);
+    if (EPI & EPI_RESIDUAL) y = __fadd_rn(res[(i64)t * N + n], y);
+    return y;
+}
+
+// ---- gemv ------------------------------------------------------------------------------------
+
+#define GEMV_WARPS 4
+#define GEMV_MAXL 6  // runs of up to 32 slots per lane: TREEs of up to 1024 sub-blocks
+
+template <int QT, int TMAX, int EPI>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_q(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
+       int T, int N, int K, i64 row_bytes) {
+    constexpr int L = Layout<QT>::L;
+    constexpr bool GATED = (EPI & EPI_SWIGLU) != 0;
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (n >= N) return;
+    const int S = K / L, W = next_pow2(S);
+    const int R = W >= 32 ? W / 32 : 1;
+    const int P = W >= 32 ? 32 : W;  // lanes holding a subtree
+    const int start = lane * R;
+    int count = S - start;
+    count = lane >= P || count < 0 ? 0 : (count > R ? R : count);
+    const u8* row = w + (i64)n * row_bytes;
+    const u8* row2 = GATED ? w2 + (i64)n * row_bytes : nullptr;
+    const int nb = K / 32;
+    float st[TMAX][GEMV_MAXL];
+    float st2[GATED ? TMAX : 1][GEMV_MAXL];
+    for (int i = 0; i < count; ++i) {
+        const int s = start + i;
+        int wq[8], wq2[8];
+        float a, m, a2 = 0.0f, m2 = 0.0f;
+        load_sub<QT>(row, s, wq, a, m);
+        if (GATED) load_sub<QT>(row2, s, wq2, a2, m2);
+        const int b = s * L / 32;                  // the activation block
+        const int off = L == 16 ? (s & 1) * 4 : 0;  // Q6_K: which half of it, in words
+#pragma unroll
+        for (int t = 0; t < TMAX; ++t) {
+            if (t < T) {
+                const int* xq = reinterpret_cast<const int*>(x.q + (i64)t * K + b * 32) + off;
+                const float dx = x.d[(i64)t * nb + b], sx = x.s[(i64)t * nb + b];
+                int xw[8];
+#pragma unroll
+                for (int k = 0; k < L / 4; ++k) xw[k] = xq[k];
+                tree_push<GEMV_MAXL>(st[t], i, sub_term<QT>(a, m, dx, sx, dot_words<L / 4>(wq, xw)));
+                if (GATED) {
+                    tree_push<GEMV_MAXL>(st2[GATED ? t : 0], i,
+                                         sub_term<QT>(a2, m2, dx, sx, dot_words<L / 4>(wq2, xw)));
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TMAX; ++t) {
+        if (t < T) {
+            float v = lane < P ? tree_finish<GEMV_MAXL>(st[t], count, R) : 0.0f;
+            v = warp_tree(v, P);
+            float v2 = 0.0f;
+            if (GATED) {
+                v2 = lane < P ? tree_finish<GEMV_MAXL>(st2[GATED ? t : 0], count, R) : 0.0f;
+                v2 = warp_tree(v2, P);
+            }
+            if (lane == 0) y[(i64)t * N + n] = epilogue<EPI>(v, v2, bias, res, t, n, N);
+        }
+    }
+}
+
+// float weights: K leaves, x not quantized
+#define GEMV_F_MAXL 12  // runs of up to 2048 elements per lane: K up to 65536
+
+template <int QT, int TMAX, int EPI>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_f(float* y, const float* x, const u8* w, const u8* w2, const float* bias, const float* res,
+       int T, int N, int K, i64 row_bytes) {
+    constexpr bool GATED = (EPI & EPI_SWIGLU) != 0;
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (n >= N) return;
+    const int W = next_pow2(K);
+    const int R = W >= 32 ? W / 32 : 1;
+    const int P = W >= 32 ? 32 : W;
+    const int start = lane * R;
+    int count = K - start;
+    count = lane >= P || count < 0 ? 0 : (count > R ? R : count);
+    const u8* row = w + (i64)n * row_bytes;
+    const u8* row2 = GATED ? w2 + (i64)n * row_bytes : nullptr;
+    float st[TMAX][GEMV_F_MAXL];
+    float st2[GATED ? TMAX : 1][GEMV_F_MAXL];
+    for (int i = 0; i < count; ++i) {
+        const int k = start + i;
+        const float wv = dequant_element<QT>(row, k);
+        const float wv2 = GATED ? dequant_element<QT>(row2, k) : 0.0f;
+#pragma unroll
+        for (int t = 0; t < TMAX; ++t) {
+            if (t < T) {
+                const float xv = x[(i64)t * K + k];
+                tree_push<GEMV_F_MAXL>(st[t], i, __fmul_rn(xv, wv));
+                if (GATED) tree_push<GEMV_F_MAXL>(st2[GATED ? t : 0], i, __fmul_rn(xv, wv2));
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TMAX; ++t) {
+        if (t < T) {
+            float v = lane < P ? tree_finish<GEMV_F_MAXL>(st[t], count, R) : 0.0f;
+            v = warp_tree(v, P);
+            float v2 = 0.0f;
+            if (GATED) {
+                v2 = lane < P ? tree_finish<GEMV_F_MAXL>(st2[GATED ? t : 0], count, R) : 0.0f;
+                v2 = warp_tree(v2, P);
+            }
+            if (lane == 0) y[(i64)t * N + n] = epilogue<EPI>(v, v2, bias, res, t, n, N);
+        }
+    }
+}
+
+// ---- gemm ------------------------------------------------------------------------------------
+
+// A block of 256 threads computes BT tokens x BN rows: thread (tx, ty) of a 16 x 16 grid owns
+// rows tx + 16j (j < TN) and tokens ty + 16i (i < TT). Sub-blocks arrive SB at a time: their
+// quants unpacked into shared memory (one word row per weight row, padded against bank
+// conflicts), with the activation blocks they read.
+#define GEMM_THREADS 256
+#define GEMM_SB 4
+
+template <int QT, int MAXL, int EPI>
+__global__ void __launch_bounds__(GEMM_THREADS)
+gemm_q(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
+       int T, int N, int K, i64 row_bytes) {
+    constexpr int L = Layout<QT>::L;
+    constexpr int WPS = L / 4;                      // words per sub-block
+    constexpr bool GATED = (EPI & EPI_SWIGLU) != 0;
+    constexpr int TN = 2, TT = GATED ? 2 : 4;
+    constexpr int BN = 16 * TN, BT = 16 * TT;
+    constexpr int NMAT = GATED ? 2 : 1;
+    constexpr int NB = GEMM_SB * L / 32 > 0 ? GEMM_SB * L / 32 : 1;  // activation blocks a stage
+    constexpr int WSTRIDE = GEMM_SB * WPS + 1;
+    constexpr int XSTRIDE = NB * 8 + 1;
+    __shared__ int s_wq[NMAT][BN][WSTRIDE];
+    __shared__ float s_wa[NMAT][BN][GEMM_SB], s_wm[NMAT][BN][GEMM_SB];
+    __shared__ int s_xq[BT][XSTRIDE];
+    __shared__ float s_xd[BT][NB], s_xs[BT][NB];
+
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const int n0 = blockIdx.x * BN, t0 = blockIdx.y * BT;
+    const int S = K / L, W = next_pow2(S), nbk = K / 32;
+    float st[NMAT][TT][TN][MAXL];
+
+    for (int s0 = 0; s0 < S; s0 += GEMM_SB) {
+        // weights: one (matrix, row, sub-block) per thread
+        for (int k = tid; k < NMAT * BN * GEMM_SB; k += GEMM_THREADS) {
+            const int mat = k / (BN * GEMM_SB), r = (k / GEMM_SB) % BN, j = k % GEMM_SB;
+            const int n = n0 + r, s = s0 + j;
+            int wq[8];
+            float a = 0.0f, m = 0.0f;
+            if (n < N && s < S) {
+                load_sub<QT>((mat ? w2 : w) + (i64)n * row_bytes, s, wq, a, m);
+            } else {
+#pragma unroll
+                for (int q = 0; q < 8; ++q) wq[q] = 0;
+            }
+#pragma unroll
+            for (int q = 0; q < WPS; ++q) s_wq[mat][r][j * WPS + q] = wq[q];
+            s_wa[mat][r][j] = a;
+            s_wm[mat][r][j] = m;
+        }
+        // activations: the blocks these sub-blocks read, for BT tokens
+        const int b0 = s0 * L / 32;
+        for (int k = tid; k < BT * NB * 8; k += GEMM_THREADS) {
+            const int tt = k / (NB * 8), j = k % (NB * 8);
+            const int t = t0 + tt, b = b0 + j / 8;
+            int v = 0;
+            if (t < T && b < nbk) v = reinterpret_cast<const int*>(x.q + (i64)t * K + b * 32)[j % 8];
+            s_xq[tt][j] = v;
+        }
+        for (int k = tid; k < BT * NB; k += GEMM_THREADS) {
+            const int tt = k / NB, j = k % NB;
+            const int t = t0 + tt, b = b0 + j;
+            const bool ok = t < T && b < nbk;
+            s_xd[tt][j] = ok ? x.d[(i64)t * nbk + b] : 0.0f;
+            s_xs[tt][j] = ok ? x.s[(i64)t * nbk + b] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < GEMM_SB; ++j) {
+            const int s = s0 + j;
+            if (s < S) {
+                const int bl = j * L / 32;              // block within the stage
+                const int off = L == 16 ? (s & 1) * 4 : 0;
+#pragma unroll
+                for (int i = 0; i < TT; ++i) {
+                    const int tt = ty + 16 * i;
+                    int xw[8];
+#pragma unroll
+                    for (int q = 0; q < WPS; ++q) xw[q] = s_xq[tt][bl * 8 + off + q];
+                    const float dx = s_xd[tt][bl], sx = s_xs[tt][bl];
+#pragma unroll
+                    for (int jn = 0; jn < TN; ++jn) {
+                        const int r = tx + 16 * jn;
+#pragma unroll
+                        for (int mat = 0; mat < NMAT; ++mat) {
+                            int isum = 0;
+#pragma unroll
+                            for (int q = 0; q < WPS; ++q)
+                                isum = __dp4a(s_wq[mat][r][j * WPS + q], xw[q], isum);
+                            tree_push<MAXL>(st[mat][i][jn], s,
+                                            sub_term<QT>(s_wa[mat][r][j], s_wm[mat][r][j], dx,
+                                                         sx, isum));
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < TT; ++i) {
+#pragma unroll
+        for (int jn = 0; jn < TN; ++jn) {
+            const int t = t0 + ty + 16 * i, n = n0 + tx + 16 * jn;
+            const float v = tree_finish<MAXL>(st[0][i][jn], S, W);
+            const float v2 = GATED ? tree_finish<MAXL>(st[NMAT - 1][i][jn], S, W) : 0.0f;
+            if (t < T && n < N) y[(i64)t * N + n] = epilogue<EPI>(v, v2, bias, res, t, n, N);
+        }
+    }
+}
