@@ -113,7 +113,13 @@ __device__ __forceinline__ float tree_finish(float (&st)[MAXL], int count, int w
         tree_push<MAXL>(st, count >> j << j, 0.0f, j);
         count += 1 << j;
     }
-    return st[31 - __clz(width)];
+    const int top = 31 - __clz(width);
+    float r = 0.0f;
+#pragma unroll
+    for (int L = 0; L < MAXL; ++L) {
+        if (L == top) r = st[L];  // a constant index per level: st stays in registers
+    }
+    return r;
 }
 
 __host__ __device__ __forceinline__ int next_pow2(int n) {
