@@ -147,3 +147,32 @@ __device__ __forceinline__ float max_nan(float a, float b) {
     if (b != b) return b;
     return fmaxf(a, b);
 }
+
+// ---- Q8 activation quantization --------------------------------------------------------------
+
+// One warp quantizes one 32-element block: lane i holds x_i (docs/numerics.md, "Activation
+// quantization"). Writes q[i] from every lane and d, s from lane 0.
+__device__ __forceinline__ void quantize_block(float x, i8* q, float* d_out, float* s_out) {
+    const int lane = threadIdx.x & 31;
+    float amax = fabsf(x);  // |-0| = +0
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = max_nan(amax, __shfl_xor_sync(FULL_MASK, amax, off));
+    float d = __fdiv_rn(amax, 127.0f);
+    int qi = 0;
+    if (d != 0.0f) {
+        float v = __fdiv_rn(x, d);  // correctly rounded, not x * (1/d)
+        if (isfinite(v)) {
+            float r = roundf(v);  // half away from zero; exact
+            r = fminf(fmaxf(r, -127.0f), 127.0f);
+            qi = (int)r;
+        }
+    }
+    q[lane] = (i8)qi;
+    int sum = qi;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(FULL_MASK, sum, off);
+    if (lane == 0) {
+        *d_out = d;
+        *s_out = __fmul_rn(d, (float)sum);
+    }
+}

@@ -1,0 +1,226 @@
+// ATTENTION (docs/numerics.md, "ATTENTION"): per (token, head), scores over positions 0..p,
+// their exact max, the project's exp, and per 256-slot chunk the TREEs of the weights and of
+// the weighted values, folded left to right over the chunks.
+//
+// A chunk is computed by one block of 256 threads, thread j owning slot j: its score (the TREE
+// over D products, then one multiply by the scale) and its weight e_j. The weights' TREE is the
+// block tree over the 256 slots; each value dimension i's TREE is split into 256/D aligned
+// runs of D slots (thread (part, i) builds run ``part`` sequentially, reading v coalesced
+// across i), then the runs are added as a tree. Padding slots are +0.0 literally and their
+// cache rows are never read.
+//
+// attention_rows: one block per (token, head) walks every chunk twice (the max first, then the
+//   sums with that max), recomputing the scores bit for bit; no scratch. For prefill.
+// attention_split_*: flash decoding for few tokens and long contexts. The chunks of a (token,
+//   head) are spread over blocks: a first launch writes each block's max, a second recomputes
+//   the scores of its chunks with the max of all of them and writes each chunk's sums, a third
+//   folds those in chunk order. Same operations, same bits as attention_rows.
+#include "common.cuh"
+
+#define CHUNK 256
+
+struct AttnArgs {
+    const float* q;
+    const float* k;
+    const float* v;
+    const int* positions;
+    float* out;
+    i8* oq;  // when given, out is also quantized (the o-projection's Q8A x)
+    float* od;
+    float* os;
+    float* part;  // split: per (token, head, chunk) D + 1 floats (N_c then D_c)
+    float* pmax;  // split: per (token, head, split) the max of its scores
+    int n_head, n_head_kv, n_ctx, chunks_per_split, n_split;
+    float scale;
+};
+
+// the score of position ``pos``: TREE_d(fl(q_d * k_d)), then times the scale
+template <int D>
+__device__ __forceinline__ float score(const float* sq, const float* krow, float scale) {
+    float st[10];
+#pragma unroll
+    for (int d = 0; d < D; d += 4) {
+        const float4 kv = *reinterpret_cast<const float4*>(krow + d);
+        tree_push<10>(st, d, __fmul_rn(sq[d], kv.x));
+        tree_push<10>(st, d + 1, __fmul_rn(sq[d + 1], kv.y));
+        tree_push<10>(st, d + 2, __fmul_rn(sq[d + 2], kv.z));
+        tree_push<10>(st, d + 3, __fmul_rn(sq[d + 3], kv.w));
+    }
+    return __fmul_rn(tree_finish<10>(st, D, D), scale);
+}
+
+__device__ __forceinline__ float block_max(float v, float* smem) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = max_nan(v, __shfl_xor_sync(FULL_MASK, v, off));
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    float m = smem[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) m = max_nan(m, smem[w]);
+    __syncthreads();
+    return m;
+}
+
+// TREE over the 256 slots, thread j holding slot j (blockDim.x == CHUNK)
+__device__ __forceinline__ float chunk_tree(float v, float* smem) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_tree(v, 32);
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    float r = smem[0];
+    // the 8 warp sums, adjacent pairs: ((w0 + w1) + (w2 + w3)) + ((w4 + w5) + (w6 + w7))
+    r = __fadd_rn(__fadd_rn(__fadd_rn(smem[0], smem[1]), __fadd_rn(smem[2], smem[3])),
+                  __fadd_rn(__fadd_rn(smem[4], smem[5]), __fadd_rn(smem[6], smem[7])));
+    __syncthreads();
+    return r;
+}
+
+// the max of the scores of chunks [c0, c1) that hold positions <= p (-inf if none: -inf never
+// wins over a real score, and a NaN still does)
+template <int D>
+__device__ float chunks_max(const AttnArgs& a, const float* sq, const float* kbase, int p, int c0,
+                            int c1, float* smem) {
+    const int width = a.n_head_kv * D;
+    float m = -__int_as_float(0x7f800000);
+    for (int c = c0; c < c1 && c * CHUNK <= p; ++c) {
+        const int pos = c * CHUNK + threadIdx.x;
+        if (pos <= p) m = max_nan(m, score<D>(sq, kbase + (i64)pos * width, a.scale));
+    }
+    return block_max(m, smem);
+}
+
+// chunk c's D_c (returned) and N_c (into sn[0 .. D)) with the max m
+template <int D>
+__device__ float chunk_sums(const AttnArgs& a, const float* sq, const float* kbase,
+                            const float* vbase, int p, int c, float m, float* se, float* sn,
+                            float* smem) {
+    constexpr int PARTS = CHUNK / D;
+    const int width = a.n_head_kv * D;
+    const int pos = c * CHUNK + threadIdx.x;
+    float e = 0.0f;  // padding: +0.0 literally
+    if (pos <= p) e = p_exp(__fsub_rn(score<D>(sq, kbase + (i64)pos * width, a.scale), m));
+    se[threadIdx.x] = e;
+    const float den = chunk_tree(e, smem);  // (its barrier also publishes se)
+    const int i = threadIdx.x % D, part = threadIdx.x / D;
+    float st[10];
+    const int first = c * CHUNK + part * D;
+#pragma unroll 8
+    for (int j = 0; j < D; ++j) {
+        const int pj = first + j;
+        const float w = pj <= p ? __fmul_rn(se[part * D + j], vbase[(i64)pj * width + i]) : 0.0f;
+        tree_push<10>(st, j, w);
+    }
+    float run = tree_finish<10>(st, D, D);
+    __syncthreads();
+    se[threadIdx.x] = run;  // runs by (part, i)
+    __syncthreads();
+    if (threadIdx.x < D) {
+        float r;
+        if (PARTS == 1) r = se[i];
+        else if (PARTS == 2) r = __fadd_rn(se[i], se[D + i]);
+        else r = __fadd_rn(__fadd_rn(se[i], se[D + i]), __fadd_rn(se[2 * D + i], se[3 * D + i]));
+        sn[i] = r;
+    }
+    __syncthreads();
+    return den;
+}
+
+template <int D>
+__device__ __forceinline__ void store_out(const AttnArgs& a, int t, int h, float num, float den) {
+    const int width = a.n_head * D;
+    const float o = __fdiv_rn(num, den);
+    if (threadIdx.x < D) a.out[(i64)t * width + h * D + threadIdx.x] = o;
+    if (a.oq != nullptr && threadIdx.x < D) {  // D is a multiple of 32: whole Q8 blocks
+        const int nb = width / 32, b = (h * D + threadIdx.x) / 32;
+        quantize_block(o, a.oq + (i64)t * width + b * 32, a.od + (i64)t * nb + b,
+                       a.os + (i64)t * nb + b);
+    }
+}
+
+template <int D>
+__device__ __forceinline__ void load_q(const AttnArgs& a, int t, int h, float* sq) {
+    if (threadIdx.x < D) sq[threadIdx.x] = a.q[(i64)t * a.n_head * D + h * D + threadIdx.x];
+    __syncthreads();
+}
+
+// grid (n_head, T)
+template <int D>
+__global__ void __launch_bounds__(CHUNK) attention_rows(AttnArgs a) {
+    __shared__ float sq[D], se[CHUNK], sn[D], smem[32];
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int g = h / (a.n_head / a.n_head_kv);
+    const int p = a.positions[t];
+    const float* kbase = a.k + g * D;
+    const float* vbase = a.v + g * D;
+    load_q<D>(a, t, h, sq);
+    const int nc = p / CHUNK + 1;
+    const float m = chunks_max<D>(a, sq, kbase, p, 0, nc, smem);
+    float num = 0.0f, den = 0.0f;
+    for (int c = 0; c < nc; ++c) {
+        const float dc = chunk_sums<D>(a, sq, kbase, vbase, p, c, m, se, sn, smem);
+        const float nci = threadIdx.x < D ? sn[threadIdx.x] : 0.0f;
+        den = c == 0 ? dc : __fadd_rn(den, dc);
+        num = c == 0 ? nci : __fadd_rn(num, nci);
+        __syncthreads();
+    }
+    store_out<D>(a, t, h, num, den);
+}
+
+// ---- split (flash decoding) ---------------------------------------------------------------
+
+// grid (n_head, T, n_split): split z covers chunks [z * cps, (z + 1) * cps)
+template <int D>
+__global__ void __launch_bounds__(CHUNK) attention_split_max(AttnArgs a) {
+    __shared__ float sq[D], smem[32];
+    const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z;
+    const int g = h / (a.n_head / a.n_head_kv);
+    const int p = a.positions[t];
+    const int c0 = z * a.chunks_per_split;
+    if (c0 * CHUNK > p) return;  // no position of this split is visible
+    load_q<D>(a, t, h, sq);
+    const float m = chunks_max<D>(a, sq, a.k + g * D, p, c0, c0 + a.chunks_per_split, smem);
+    if (threadIdx.x == 0) a.pmax[((i64)t * a.n_head + h) * a.n_split + z] = m;
+}
+
+template <int D>
+__global__ void __launch_bounds__(CHUNK) attention_split_sums(AttnArgs a) {
+    __shared__ float sq[D], se[CHUNK], sn[D], smem[32];
+    const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z;
+    const int g = h / (a.n_head / a.n_head_kv);
+    const int p = a.positions[t];
+    const int c0 = z * a.chunks_per_split;
+    if (c0 * CHUNK > p) return;
+    load_q<D>(a, t, h, sq);
+    const int nc = p / CHUNK + 1;
+    const int used = (nc + a.chunks_per_split - 1) / a.chunks_per_split;
+    const float* pm = a.pmax + ((i64)t * a.n_head + h) * a.n_split;
+    float m = pm[0];
+    for (int k = 1; k < used; ++k) m = max_nan(m, pm[k]);
+    const int c1 = min(c0 + a.chunks_per_split, nc);
+    const i64 nchunks = (a.n_ctx + CHUNK - 1) / CHUNK;
+    for (int c = c0; c < c1; ++c) {
+        const float dc = chunk_sums<D>(a, sq, a.k + g * D, a.v + g * D, p, c, m, se, sn, smem);
+        float* out = a.part + (((i64)t * a.n_head + h) * nchunks + c) * (D + 1);
+        if (threadIdx.x < D) out[threadIdx.x] = sn[threadIdx.x];
+        if (threadIdx.x == 0) out[D] = dc;
+        __syncthreads();
+    }
+}
+
+// grid (n_head, T): fold the chunk sums in chunk order
+template <int D>
+__global__ void __launch_bounds__(CHUNK) attention_split_fold(AttnArgs a) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    const int p = a.positions[t];
+    const int nc = p / CHUNK + 1;
+    const i64 nchunks = (a.n_ctx + CHUNK - 1) / CHUNK;
+    const float* part = a.part + ((i64)t * a.n_head + h) * nchunks * (D + 1);
+    float num = 0.0f, den = 0.0f;
+    for (int c = 0; c < nc; ++c) {
+        const float* pc = part + (i64)c * (D + 1);
+        const float nci = threadIdx.x < D ? pc[threadIdx.x] : 0.0f;
+        den = c == 0 ? pc[D] : __fadd_rn(den, pc[D]);
+        num = c == 0 ? nci : __fadd_rn(num, nci);
+    }
+    store_out<D>(a, t, h, num, den);
+}
