@@ -1,0 +1,158 @@
+"""The GPU runtime parity's GPU backends share (cuda, triton): PyTorch provides the memory, one
+stream per runtime, events, pinned host buffers and CUDA graphs; the backends bring kernels.
+
+Everything a backend enqueues goes on the runtime's one stream, in the order called, which is
+the Backend API's queue; ``synchronize`` waits for it once per step. Values live in torch
+tensors: F32 and I32 values as themselves, Q8A values as ``Q8Value`` (quants, scales, sums).
+Weights are uploaded once, from the memory-mapped GGUF bytes in slices (no host copy of the
+file), and stay resident as the GGUF's own bytes.
+
+Imports torch when constructed, never at module import, so discovery stays light.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import numpy as np
+
+from parity.backends.gpu.pinned import PinnedPool
+from parity.core.dtypes import QK, DType
+from parity.errors import BackendError
+
+UPLOAD_SLICE = 64 << 20  # bytes of a weight copied at a time (progress, and no giant staging)
+
+
+@attrs.define(eq=False)
+class Q8Value:
+    """A Q8A value on the device: int8 quants (T, K), float32 d and s (T, K/32)."""
+
+    q: Any
+    d: Any
+    s: Any
+
+
+class GpuRuntime:
+    """One GPU: device ``index`` (torch's numbering, the same as the driver's)."""
+
+    def __init__(self, index: int, *, pinned: bool = True) -> None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BackendError(
+                "torch sees no CUDA GPU (torch.cuda.is_available() is False); check the "
+                "driver, CUDA_VISIBLE_DEVICES and that torch is a CUDA build"
+            )
+        count = torch.cuda.device_count()
+        if index >= count:
+            raise BackendError(f"there is no GPU cuda:{index}; torch sees {count}")
+        self.torch = torch
+        self.index = index
+        self.device = torch.device("cuda", index)
+        with torch.cuda.device(self.device):
+            torch.cuda.init()
+            self.stream = torch.cuda.Stream(self.device)
+        self.properties = torch.cuda.get_device_properties(self.device)
+        self.capturing = False
+        self.pool = PinnedPool(self._pin, pinned=pinned, capturing=lambda: self.capturing)
+        self._dtypes = {
+            DType.F32: torch.float32,
+            DType.I32: torch.int32,
+        }
+
+    # -- memory ------------------------------------------------------------------------------
+
+    def _pin(self, nbytes: int) -> Any:
+        return self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=True)
+
+    def empty(self, torch_dtype: Any, shape: tuple[int, ...], what: str = "a value") -> Any:
+        try:
+            return self.torch.empty(shape, dtype=torch_dtype, device=self.device)
+        except self.torch.cuda.OutOfMemoryError:
+            raise self.out_of_memory(shape, torch_dtype, what) from None
+
+    def out_of_memory(self, shape: tuple[int, ...], torch_dtype: Any, what: str) -> BackendError:
+        free, total = self.torch.cuda.mem_get_info(self.device)
+        nbytes = (
+            int(np.prod(shape, dtype=np.int64))
+            * self.torch.empty((), dtype=torch_dtype).element_size()
+        )
+        return BackendError(
+            f"GPU out of memory on cuda:{self.index} allocating {nbytes / 2**20:.1f} MiB for "
+            f"{what} ({free / 2**30:.2f} of {total / 2**30:.1f} GiB free); use a shorter "
+            "context (n_ctx), fewer tokens per step, or another GPU"
+        )
+
+    def value(self, dtype: DType, shape: tuple[int, ...]) -> Any:
+        """A zero-filled device buffer for a graph value."""
+        with self.torch.cuda.stream(self.stream):
+            if dtype is DType.Q8A:
+                t, k = shape
+                q = self.empty(self.torch.int8, (t, k), "a Q8A value")
+                d = self.empty(self.torch.float32, (t, k // QK), "a Q8A value")
+                s = self.empty(self.torch.float32, (t, k // QK), "a Q8A value")
+                for part in (q, d, s):
+                    part.zero_()
+                return Q8Value(q, d, s)
+            if dtype not in self._dtypes:
+                raise BackendError(f"{dtype.name} is not a value type a GPU buffer holds")
+            buffer = self.empty(self._dtypes[dtype], tuple(shape))
+            buffer.zero_()
+            return buffer
+
+    def host_empty(self, np_dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        return self.pool.empty(np_dtype, shape)
+
+    # -- transfers (queued on the stream) -----------------------------------------------------
+
+    def upload(self, dst: Any, host: np.ndarray) -> None:
+        """Copy a host array into a device tensor of the same bytes."""
+        src = self.torch.from_numpy(np.ascontiguousarray(host).reshape(-1).view(np.uint8))
+        with self.torch.cuda.stream(self.stream):
+            dst.view(-1).view(self.torch.uint8).copy_(src, non_blocking=True)
+
+    def download(self, src: Any, out: np.ndarray) -> None:
+        dst = self.torch.from_numpy(out.reshape(-1).view(np.uint8))
+        with self.torch.cuda.stream(self.stream):
+            dst.copy_(src.reshape(-1).view(self.torch.uint8), non_blocking=True)
+
+    def upload_weight(
+        self, raw: np.ndarray, what: str, progress: Callable[[int], None] | None = None
+    ) -> Any:
+        """A device copy of a weight's bytes (a view of the mapped file), uploaded in slices."""
+        data = raw.reshape(-1).view(np.uint8)
+        out = self.empty(self.torch.uint8, (data.size,), what)
+        with self.torch.cuda.stream(self.stream):
+            for start in range(0, data.size, UPLOAD_SLICE):
+                part = data[start : start + UPLOAD_SLICE]
+                with warnings.catch_warnings():  # a read-only map: torch only reads it
+                    warnings.simplefilter("ignore", UserWarning)
+                    host = self.torch.from_numpy(part)
+                out[start : start + part.size].copy_(host)
+                if progress is not None:
+                    progress(part.size)
+        return out
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    # -- graphs --------------------------------------------------------------------------------
+
+    def capture(self, record: Callable[[], None]) -> Any:
+        """A CUDA graph of what ``record`` enqueues on the stream (replay with ``.replay()``)."""
+        graph = self.torch.cuda.CUDAGraph()
+        self.synchronize()
+        self.capturing = True
+        try:
+            with self.torch.cuda.graph(graph, stream=self.stream):
+                record()
+        finally:
+            self.capturing = False
+        return graph
+
+    def replay(self, graph: Any) -> None:
+        with self.torch.cuda.stream(self.stream):
+            graph.replay()
