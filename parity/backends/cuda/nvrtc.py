@@ -113,6 +113,18 @@ class Compiler:
         cached = self._load(digest)
         if cached is not None:
             return cached
+        return self._build(digest, name, source, names, headers)
+
+    def cached(
+        self, source: str, names: Sequence[str], headers: dict[str, str] | None = None
+    ) -> bool:
+        """Is this module in the disk cache already?"""
+        digest = self.key(source, list(dict.fromkeys(names)), dict(headers or {}))
+        return self._paths(digest)[1].exists()
+
+    def _build(
+        self, digest: str, name: str, source: str, names: list[str], headers: dict[str, str]
+    ) -> Module:
         start = time.perf_counter()
         if self.notice:
             print(
