@@ -122,6 +122,25 @@ class AttnArg(ctypes.Structure):
     )
 
 
+class GemvSegArg(ctypes.Structure):
+    """``struct GemvSeg`` of matmul.cu."""
+
+    _fields_ = [
+        ("y", ctypes.c_void_p),
+        ("w", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("row_bytes", ctypes.c_longlong),
+        ("N", ctypes.c_int),
+        ("blocks", ctypes.c_int),
+    ]
+
+
+class GemvSegsArg(ctypes.Structure):
+    """``struct GemvSegs`` of matmul.cu: up to three products in one launch (unused: N = 0)."""
+
+    _fields_ = [("s0", GemvSegArg), ("s1", GemvSegArg), ("s2", GemvSegArg)]
+
+
 @attrs.define(eq=False)
 class Launch:
     """One kernel launch with its arguments packed, ready to go."""

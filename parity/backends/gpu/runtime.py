@@ -115,6 +115,8 @@ class GpuRuntime:
             dst.view(-1).view(self.torch.uint8).copy_(src, non_blocking=True)
 
     def download(self, src: Any, out: np.ndarray) -> None:
+        if not out.flags.c_contiguous:  # a reshape would copy, and the data land elsewhere
+            raise BackendError("download needs a C-contiguous host array")
         dst = self.torch.from_numpy(out.reshape(-1).view(np.uint8))
         with self.torch.cuda.stream(self.stream):
             dst.copy_(src.reshape(-1).view(self.torch.uint8), non_blocking=True)
@@ -146,9 +148,13 @@ class GpuRuntime:
         graph = self.torch.cuda.CUDAGraph()
         self.synchronize()
         self.capturing = True
-        try:
-            with self.torch.cuda.graph(graph, stream=self.stream):
-                record()
+        try:  # (not torch.cuda.graph(), whose gc.collect() costs a Python-heavy process ~1 s)
+            with self.torch.cuda.stream(self.stream):
+                graph.capture_begin()
+                try:
+                    record()
+                finally:
+                    graph.capture_end()
         finally:
             self.capturing = False
         return graph

@@ -56,15 +56,14 @@ __device__ __forceinline__ float epilogue(float y, float y2, const float* bias, 
 #define GEMV_WARPS 4
 #define GEMV_MAXL 6  // runs of up to 32 slots per lane: TREEs of up to 1024 sub-blocks
 
+// output row n of a quantized product, computed by one warp
 template <int QT, int TMAX, int EPI>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_q(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
-       int T, int N, int K, i64 row_bytes) {
+__device__ __forceinline__ void gemv_q_row(float* y, const Q8& x, const u8* w, const u8* w2,
+                                           const float* bias, const float* res, int T, int N,
+                                           int K, i64 row_bytes, int n) {
     constexpr int L = Layout<QT>::L;
     constexpr bool GATED = (EPI & EPI_SWIGLU) != 0;
     const int lane = threadIdx.x & 31;
-    const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (n >= N) return;
     const int S = K / L, W = next_pow2(S);
     const int R = W >= 32 ? W / 32 : 1;
     const int P = W >= 32 ? 32 : W;  // lanes holding a subtree
@@ -113,6 +112,74 @@ gemv_q(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float
             if (lane == 0) y[(i64)t * N + n] = epilogue<EPI>(v, v2, bias, res, t, n, N);
         }
     }
+}
+
+template <int QT, int TMAX, int EPI>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_q(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
+       int T, int N, int K, i64 row_bytes) {
+    const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (n < N) gemv_q_row<QT, TMAX, EPI>(y, x, w, w2, bias, res, T, N, K, row_bytes, n);
+}
+
+// The same, and the output quantized (the Q8A x of the next product: SWIGLU's for down). The
+// last of the 8 blocks of each 32-row group to finish (an atomic ticket) quantizes the group's
+// rows for every token: the values it reads were written, and fenced, by the group's blocks.
+// ``tickets`` (N/32 ints, zero) are reset by the block that used them, ready for a replay.
+template <int QT, int TMAX, int EPI>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_q_q8(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
+          int T, int N, int K, i64 row_bytes, i8* oq, float* od, float* os, int* tickets) {
+    constexpr int GROUP = 32 / GEMV_WARPS;  // blocks per 32 rows
+    __shared__ int last;
+    const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (n < N) gemv_q_row<QT, TMAX, EPI>(y, x, w, w2, bias, res, T, N, K, row_bytes, n);
+    __threadfence();
+    __syncthreads();
+    const int g = blockIdx.x / GROUP;
+    if (threadIdx.x == 0) last = atomicAdd(&tickets[g], 1) == GROUP - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int nb = N / 32, lane = threadIdx.x & 31;
+    for (int t = threadIdx.x >> 5; t < T; t += GEMV_WARPS) {
+        const float v = __ldcg(y + (i64)t * N + g * 32 + lane);  // at L2: other blocks wrote it
+        quantize_block(v, oq + (i64)t * N + g * 32, od + (i64)t * nb + g, os + (i64)t * nb + g);
+    }
+    if (threadIdx.x == 0) tickets[g] = 0;
+}
+
+// Up to three products of one x by weights of one type and width (q, k and v) in one launch:
+// segment k's rows take blocks [first_k, first_k + blocks_k) of the grid.
+struct GemvSeg {
+    float* y;
+    const u8* w;
+    const float* bias;
+    i64 row_bytes;
+    int N;
+    int blocks;
+};
+struct GemvSegs {
+    GemvSeg s0, s1, s2;
+};
+
+template <int QT, int TMAX, int EPI>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_q_multi(GemvSegs segs, Q8 x, int T, int K) {
+    int b = blockIdx.x;
+    GemvSeg sg = segs.s0;
+    if (b >= segs.s0.blocks) {
+        b -= segs.s0.blocks;
+        sg = segs.s1;
+        if (b >= segs.s1.blocks) {
+            b -= segs.s1.blocks;
+            sg = segs.s2;
+        }
+    }
+    const int n = b * GEMV_WARPS + (threadIdx.x >> 5);
+    if (n < sg.N)
+        gemv_q_row<QT, TMAX, EPI>(sg.y, x, sg.w, nullptr, sg.bias, nullptr, T, sg.N, K,
+                                  sg.row_bytes, n);
 }
 
 // float weights: K leaves, x not quantized

@@ -12,12 +12,12 @@ enum {
 };
 
 template <int QT> struct Layout;
-template <> struct Layout<T_Q4_0> { enum { BE = 32, BB = 18, L = 32, MIN = 0 }; };
-template <> struct Layout<T_Q4_1> { enum { BE = 32, BB = 20, L = 32, MIN = 1 }; };
-template <> struct Layout<T_Q5_0> { enum { BE = 32, BB = 22, L = 32, MIN = 0 }; };
-template <> struct Layout<T_Q8_0> { enum { BE = 32, BB = 34, L = 32, MIN = 0 }; };
-template <> struct Layout<T_Q4_K> { enum { BE = 256, BB = 144, L = 32, MIN = -1 }; };
-template <> struct Layout<T_Q6_K> { enum { BE = 256, BB = 210, L = 16, MIN = 0 }; };
+template <> struct Layout<T_Q4_0> { enum { BE = 32, BB = 18, L = 32, MIN = 0, ALIGN = 2 }; };
+template <> struct Layout<T_Q4_1> { enum { BE = 32, BB = 20, L = 32, MIN = 1, ALIGN = 4 }; };
+template <> struct Layout<T_Q5_0> { enum { BE = 32, BB = 22, L = 32, MIN = 0, ALIGN = 2 }; };
+template <> struct Layout<T_Q8_0> { enum { BE = 32, BB = 34, L = 32, MIN = 0, ALIGN = 2 }; };
+template <> struct Layout<T_Q4_K> { enum { BE = 256, BB = 144, L = 32, MIN = -1, ALIGN = 16 }; };
+template <> struct Layout<T_Q6_K> { enum { BE = 256, BB = 210, L = 16, MIN = 0, ALIGN = 2 }; };
 
 // Q4_K's six-bit scale and min of sub-block s (ggml get_scale_min_k4)
 __device__ __forceinline__ void scale_min_k4(const u8* sc, int s, int& scale, int& mn) {
@@ -35,6 +35,15 @@ __device__ __forceinline__ u32 spread_bit4(u32 bits) {
     return ((bits & 1u) << 4) | ((bits & 2u) << 11) | ((bits & 4u) << 18) | ((bits & 8u) << 25);
 }
 
+// a little-endian u32 at an address aligned to ALIGN bytes (2 or more): blocks of 18, 22, 34
+// or 210 bytes are only 2-aligned, those of 20 and 144 bytes 4- and 16-aligned
+template <int ALIGN>
+__device__ __forceinline__ u32 load_u32a(const u8* p) {
+    if (ALIGN >= 4) return *reinterpret_cast<const u32*>(p);
+    const u16* h = reinterpret_cast<const u16*>(p);
+    return (u32)h[0] | ((u32)h[1] << 16);
+}
+
 // Sub-block ``s`` of a row (``row``: the row's first byte): q[0 .. L/4) the quants four per
 // word, a the scale, m the min (0 for types without one).
 template <int QT>
@@ -43,18 +52,18 @@ __device__ __forceinline__ void load_sub(const u8* row, int s, int (&q)[8], floa
     m = 0.0f;
     if (QT == T_Q4_0 || QT == T_Q4_1 || QT == T_Q5_0 || QT == T_Q8_0) {
         const u8* b = row + (i64)s * Lt::BB;
-        a = f16_to_f32(load_u16(b));
+        a = f16_to_f32(*reinterpret_cast<const u16*>(b));
         if (QT == T_Q8_0) {
 #pragma unroll
-            for (int w = 0; w < 8; ++w) q[w] = (int)load_u32(b + 2 + 4 * w);
+            for (int w = 0; w < 8; ++w) q[w] = (int)load_u32a<Lt::ALIGN>(b + 2 + 4 * w);
             return;
         }
         const u8* qs = b + (QT == T_Q4_0 ? 2 : QT == T_Q4_1 ? 4 : 6);
-        if (QT == T_Q4_1) m = f16_to_f32(load_u16(b + 2));
-        const u32 qh = QT == T_Q5_0 ? load_u32(b + 2) : 0u;
+        if (QT == T_Q4_1) m = f16_to_f32(*reinterpret_cast<const u16*>(b + 2));
+        const u32 qh = QT == T_Q5_0 ? load_u32a<Lt::ALIGN>(b + 2) : 0u;
 #pragma unroll
         for (int w = 0; w < 8; ++w) {
-            const u32 v = load_u32(qs + 4 * (w & 3));
+            const u32 v = load_u32a<Lt::ALIGN>(qs + 4 * (w & 3));
             u32 nib = w < 4 ? (v & 0x0F0F0F0Fu) : ((v >> 4) & 0x0F0F0F0Fu);
             if (QT == T_Q4_0) nib = __vsub4(nib, 0x08080808u);
             if (QT == T_Q5_0) nib = __vsub4(nib | spread_bit4((qh >> (4 * w)) & 0xFu), 0x10101010u);
@@ -65,25 +74,25 @@ __device__ __forceinline__ void load_sub(const u8* row, int s, int (&q)[8], floa
         const int sb = s & 7;
         int scale, mn;
         scale_min_k4(b + 4, sb, scale, mn);
-        a = __fmul_rn(f16_to_f32(load_u16(b)), (float)scale);
-        m = __fmul_rn(f16_to_f32(load_u16(b + 2)), (float)mn);
+        a = __fmul_rn(f16_to_f32(*reinterpret_cast<const u16*>(b)), (float)scale);
+        m = __fmul_rn(f16_to_f32(*reinterpret_cast<const u16*>(b + 2)), (float)mn);
         const u8* qs = b + 16 + 32 * (sb >> 1);
 #pragma unroll
         for (int w = 0; w < 8; ++w) {
-            const u32 v = load_u32(qs + 4 * w);
+            const u32 v = load_u32a<Lt::ALIGN>(qs + 4 * w);
             q[w] = (int)((sb & 1 ? v >> 4 : v) & 0x0F0F0F0Fu);
         }
     } else if (QT == T_Q6_K) {
         const u8* b = row + (i64)(s >> 4) * Lt::BB;
         const int sb = s & 15;
         const int h = sb >> 3, c = (sb & 7) >> 1, i0 = 16 * (sb & 1);
-        a = __fmul_rn(f16_to_f32(load_u16(b + 208)), (float)(i8)b[192 + sb]);
+        a = __fmul_rn(f16_to_f32(*reinterpret_cast<const u16*>(b + 208)), (float)(i8)b[192 + sb]);
         const u8* ql = b + 64 * h + 32 * (c & 1) + i0;
         const u8* qh = b + 128 + 32 * h + i0;
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-            const u32 low = (load_u32(ql + 4 * w) >> (4 * (c >> 1))) & 0x0F0F0F0Fu;
-            const u32 high = (load_u32(qh + 4 * w) >> (2 * c)) & 0x03030303u;
+            const u32 low = (load_u32a<Lt::ALIGN>(ql + 4 * w) >> (4 * (c >> 1))) & 0x0F0F0F0Fu;
+            const u32 high = (load_u32a<Lt::ALIGN>(qh + 4 * w) >> (2 * c)) & 0x03030303u;
             q[w] = (int)__vsub4(low | (high << 4), 0x20202020u);
         }
 #pragma unroll
