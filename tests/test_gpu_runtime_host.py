@@ -145,3 +145,81 @@ def test_no_contraction_in_the_generated_code(compiler):
         text = ptx.decode()
         assert not re.search(r"\bfma\.\w*f32", text), source
         assert re.search(r"\b(mul|add)\.rn\.f32", text), source
+
+
+# -- lowering, with stand-in device buffers -----------------------------------------------------
+
+
+class _FakeTensor:
+    """Stands in for a device tensor: an address, and slices that keep one."""
+
+    _next = 1 << 20
+
+    def __init__(self) -> None:
+        _FakeTensor._next += 256
+        self.address = _FakeTensor._next
+
+    def data_ptr(self) -> int:
+        return self.address
+
+    def __getitem__(self, key) -> _FakeTensor:
+        return _FakeTensor()
+
+
+def _fake_value(dtype, shape):
+    from parity.backends.gpu.runtime import Q8Value
+    from parity.core.dtypes import DType
+
+    if dtype is DType.Q8A:
+        return Q8Value(_FakeTensor(), _FakeTensor(), _FakeTensor())
+    return _FakeTensor()
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+@pytest.mark.parametrize("tokens", [1, 7, 300])
+def test_lowering_covers_every_node_of_the_real_models(name, tokens):
+    from parity.arch.decoder import build_decoder, rope_weights
+    from parity.arch.params import GraphParams
+    from parity.arch.synthetic import REAL_SPECS, twin_layout
+    from parity.backends.cuda.lowering import Lowering
+    from parity.core.fusion import PASSES, fuse
+    from parity.core.ir import Op
+    from parity.core.weights import WeightData
+
+    params = GraphParams(n_tokens=tokens, n_ctx=2048, output="argmax" if tokens == 1 else "logits")
+    spec = REAL_SPECS[name]
+    layout = {**twin_layout(name), **{w.name: (w.dtype, w.shape) for w in rope_weights(spec)}}
+    nothing = np.zeros(1, np.uint8)  # weights of the real sizes that take no memory
+    spec = spec.with_weights(
+        WeightData(n, t, shape, np.lib.stride_tricks.as_strided(nothing, (t.nbytes(
+            int(np.prod(shape))),), (0,)))
+        for n, (t, shape) in layout.items()
+    )  # fmt: skip
+    graph = fuse(build_decoder(spec, params), accept=lambda n, s: True, passes=PASSES, share_min=1)
+    values = {i: _fake_value(n.dtype, n.shape) for i, n in enumerate(graph.nodes)
+              if n.op is not Op.WEIGHT}  # fmt: skip
+    for i, n in enumerate(graph.nodes):
+        if n.op is Op.KV_WRITE:
+            values[i] = values[n.src[0]]
+    weights = {n.arg: _FakeTensor() for n in graph.nodes if n.op is Op.WEIGHT}
+    nodes = tuple(i for i, n in enumerate(graph.nodes) if not n.op.is_leaf)
+    readers: dict[int, list[int]] = {}
+    for i in nodes:
+        for s in graph.nodes[i].src:
+            readers.setdefault(s, []).append(i)
+    lowering = Lowering(graph, values, weights, lambda _: None, lambda a, b: None, _fake_value, 1)
+    lowered = lowering.lower(nodes, readers)
+    assert lowering.done == set(nodes)  # every node computed, alone or by a fused launch
+    names = [launch.name for _, (launch, *_) in lowered.launches if hasattr(launch, "name")]
+    producers = (Op.RMS_NORM, Op.RMS_NORM_MUL, Op.ATTENTION)
+    if tokens <= 8:  # the GEMV of gate and up quantizes its output for the down projection
+        producers += (Op.MATMUL_SWIGLU,)
+    alone = [i for i in nodes if graph.nodes[i].op is Op.QUANTIZE
+             and graph.nodes[graph.nodes[i].src[0]].op not in producers]  # fmt: skip
+    assert names.count("quantize_q8") == len(alone)  # the others: their producer's launch
+    unrotated = [i for i in nodes if graph.nodes[i].op is Op.KV_WRITE
+                 and graph.nodes[graph.nodes[i].src[1]].op is not Op.ROPE]  # fmt: skip
+    assert names.count("kv_write_f32") == len(unrotated)  # k rows: the rope launch writes them
+    lowered.bind(lambda source, kernel: 1)
+    assert not lowered.pending
+    assert all(launch.fn == 1 for _, (launch, *_) in lowered.launches if hasattr(launch, "fn"))

@@ -25,7 +25,7 @@ from parity.errors import PluginError
 
 ENTRY_POINT_GROUP = "parity"
 ENV_VAR = "PARITY_PLUGINS"
-DEFAULT_PLUGINS = {"cpu": "parity.backends.cpu"}
+DEFAULT_PLUGINS = {"cpu": "parity.backends.cpu", "cuda": "parity.backends.cuda"}
 
 
 class PluginWarning(UserWarning):

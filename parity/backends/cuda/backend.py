@@ -1,0 +1,253 @@
+"""CudaBackend: every op of the IR as CUDA C kernels compiled at run time (NVRTC), on the shared
+GPU runtime (PyTorch memory, one stream, pinned readback, CUDA graphs), bit for bit the cpu
+oracle in ``exact`` numerics.
+
+Discovery (``available``, ``devices``, ``score``) asks the driver through ctypes and imports
+neither torch nor the CUDA bindings. An instance owns one GPU: its runtime, its compiled
+kernels, its resident weights (the GGUF's own bytes, uploaded once).
+
+``rewrite`` fuses as the cpu's numba mode does, and quantizes every quantized product's x in a
+QUANTIZE node of its own, which the launch that produces x writes (``lowering``). ``prepare``
+builds a split's launches once, on buffers bound for the executable's life; ``execute`` enqueues
+them; ``capture`` records them as one CUDA graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from parity.backends.cuda import discovery
+from parity.core.backend import (
+    Availability,
+    Backend,
+    Buffer,
+    CaptureResult,
+    Device,
+    Executable,
+    Split,
+)
+from parity.core.dtypes import DType, host_layout
+from parity.core.fusion import PASSES, fuse
+from parity.core.ir import Graph, Node, Op
+from parity.core.scheduler import accepts
+from parity.core.weights import WeightData
+from parity.errors import BackendError, ConfigError
+
+OPS = frozenset(Op) - {Op.INPUT, Op.WEIGHT, Op.STATE}
+SPLIT_CHUNKS = 1  # chunks per block of flash-decoding attention
+
+
+class CudaExecutable(Executable):
+    def __init__(self, split, inputs, outputs, launches, keep) -> None:
+        super().__init__(split, inputs, outputs)
+        self.launches = launches
+        self.keep = keep  # buffers and scratch the launches point at
+        self.graph: Any = None  # the CUDA graph, once captured
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    numerics_modes = ("exact", "fast")  # exact satisfies fast
+    manifest: ClassVar[Mapping[str, str]] = {op.name: "exact" for op in sorted(OPS, key=str)}
+
+    def __init__(self, device: Device, *, pinned: bool | None = None, **kwargs: Any) -> None:
+        super().__init__(device, **kwargs)
+        unknown = sorted(set(self.options) - {"pinned"})
+        if unknown:
+            raise ConfigError(
+                f"[backends.cuda] has unknown option(s) {', '.join(unknown)}; "
+                "the cuda backend takes pinned"
+            )
+        ok = self.available()
+        if not ok.ok:
+            raise BackendError(f"the cuda backend cannot run here: {ok.reason}")
+        from parity.backends.cuda.driver import Driver
+        from parity.backends.cuda.library import Library
+        from parity.backends.cuda.nvrtc import Compiler
+        from parity.backends.gpu.pinned import pinning_wanted
+        from parity.backends.gpu.runtime import GpuRuntime
+
+        gpu = next((g for g in discovery.probe().usable if g.index == device.index), None)
+        if gpu is None:
+            have = ", ".join(f"cuda:{g.index}" for g in discovery.probe().usable) or "none"
+            raise BackendError(f"there is no usable GPU cuda:{device.index} (usable: {have})")
+        if pinned is None:
+            pinned = bool(self.options.get("pinned", pinning_wanted()))
+        self.rt = GpuRuntime(device.index, pinned=pinned)
+        self.driver = Driver(device.index)
+        self.library = Library(self.driver, Compiler(gpu.arch))
+        self._weights: dict[str, Any] = {}
+        self._pending: list[tuple[Any, np.ndarray, tuple[np.ndarray, ...]]] = []
+
+    # -- discovery -------------------------------------------------------------------------
+
+    @classmethod
+    def available(cls) -> Availability:
+        missing = discovery.missing_packages()
+        if missing:
+            return Availability(False, missing)
+        probe = discovery.probe()
+        if not probe.gpus:
+            return Availability(False, probe.reason)
+        if not probe.usable:
+            found = ", ".join(f"{g.name} ({g.arch})" for g in probe.gpus)
+            return Availability(False, f"no GPU of sm_80 or newer (found {found})")
+        return Availability(True)
+
+    @classmethod
+    def devices(cls) -> list[Device]:
+        return [Device("cuda", g.index, g.describe()) for g in discovery.probe().usable]
+
+    @classmethod
+    def score(cls, device: Device) -> int:
+        return 100  # a GPU beats the cpu oracle
+
+    # -- graphs ----------------------------------------------------------------------------
+
+    def supports_op(self, node: Node, srcs: Sequence[Node]) -> bool:
+        if node.op not in OPS:
+            return False
+        if node.op is Op.ATTENTION:
+            return node.arg.head_dim in (64, 128, 256)
+        return True
+
+    def rewrite(self, graph: Graph) -> Graph:
+        return fuse(graph, accept=lambda n, s: accepts(self, n, s), passes=PASSES, share_min=1)
+
+    # -- weights and buffers -----------------------------------------------------------------
+
+    def load_weight(self, weight: WeightData) -> None:
+        self._weights[weight.name] = self.rt.upload_weight(weight.raw(), f"weight {weight.name}")
+
+    def alloc(self, dtype: DType, shape: tuple[int, ...]) -> Buffer:
+        return self.rt.value(dtype, tuple(shape))
+
+    def alloc_host(self, dtype: DType, shape: tuple[int, ...]) -> np.ndarray:
+        np_dtype, host_shape = host_layout(dtype, shape)
+        return self.rt.host_empty(np_dtype, host_shape)
+
+    def upload(self, buffer: Buffer, host: np.ndarray) -> None:
+        from parity.backends.gpu.runtime import Q8Value
+
+        if isinstance(buffer, Q8Value):
+            for part, field in ((buffer.q, "q"), (buffer.d, "d"), (buffer.s, "s")):
+                self.rt.upload(part, np.ascontiguousarray(host[field]).reshape(part.shape))
+            self.rt.synchronize()  # the staging copies above are temporaries
+            return
+        self.rt.upload(buffer, host)
+
+    def download(self, buffer: Buffer, out: np.ndarray) -> None:
+        from parity.backends.gpu.runtime import Q8Value
+
+        if isinstance(buffer, Q8Value):
+            parts = tuple(
+                np.empty(tuple(p.shape), dtype)
+                for p, dtype in (
+                    (buffer.q, np.int8),
+                    (buffer.d, np.float32),
+                    (buffer.s, np.float32),
+                )
+            )
+            for p, host in zip((buffer.q, buffer.d, buffer.s), parts, strict=True):
+                self.rt.download(p, host)
+            self._pending.append((buffer, out, parts))
+            return
+        self.rt.download(buffer, out)
+
+    def synchronize(self) -> None:
+        self.rt.synchronize()
+        pending, self._pending = self._pending, []
+        for _, out, (q, d, s) in pending:
+            out["q"] = q.reshape(out["q"].shape)
+            out["d"], out["s"] = d, s
+
+    def copy_from(self, dst: Buffer, src: Buffer, source: Backend) -> bool:
+        from parity.backends.gpu.runtime import Q8Value
+
+        if not isinstance(source, CudaBackend) or source.device != self.device:
+            return False
+        pairs = (
+            ((dst.q, src.q), (dst.d, src.d), (dst.s, src.s))
+            if isinstance(dst, Q8Value)
+            else ((dst, src),)
+        )
+        with self.rt.torch.cuda.stream(self.rt.stream):
+            for a, b in pairs:
+                a.copy_(b, non_blocking=True)
+        return True
+
+    def zero(self, buffer: Buffer, dtype: DType, shape: tuple[int, ...]) -> None:
+        parts = (buffer.q, buffer.d, buffer.s) if dtype is DType.Q8A else (buffer,)
+        with self.rt.torch.cuda.stream(self.rt.stream):
+            for p in parts:
+                p.zero_()
+
+    def increment(self, buffer: Buffer, dtype: DType, shape: tuple[int, ...], by: int) -> None:
+        with self.rt.torch.cuda.stream(self.rt.stream):
+            buffer.add_(by)
+
+    # -- running -----------------------------------------------------------------------------
+
+    def prepare(self, split: Split, inputs: Mapping[int, Buffer]) -> CudaExecutable:
+        from parity.backends.cuda.lowering import Lowering
+
+        graph = split.graph
+        values: dict[int, Any] = dict(inputs)
+        outputs: dict[int, Any] = {}
+        for i in split.nodes:
+            node = graph.nodes[i]
+            if node.op is Op.KV_WRITE:
+                values[i] = inputs[node.src[0]]  # the cache, written in place
+            else:
+                values[i] = self.alloc(node.dtype, node.shape)
+        for i in split.outputs:
+            outputs[i] = values[i]
+        readers: dict[int, list[int]] = {}
+        for i in split.nodes:
+            for s in graph.nodes[i].src:
+                readers.setdefault(s, []).append(i)
+        lowering = Lowering(
+            graph, values, self._weights, self._enqueue, self._copy, self.alloc, SPLIT_CHUNKS
+        )
+        lowered = lowering.lower(split.nodes, readers)
+        self.library.ensure(lowered.kernels)  # one batch, compiled in parallel (or cached)
+        lowered.bind(self.library.function)
+        return CudaExecutable(split, inputs, outputs, lowered.launches, (values, lowered.scratch))
+
+    def _enqueue(self, launch) -> None:
+        self.driver.launch(launch, self.rt.stream.cuda_stream)
+
+    def _copy(self, dst, src) -> None:
+        with self.rt.torch.cuda.stream(self.rt.stream):
+            dst.copy_(src, non_blocking=True)
+
+    def execute(self, executable: CudaExecutable) -> None:
+        if executable.graph is not None:
+            self.rt.replay(executable.graph)
+            return
+        for fn, args in executable.launches:
+            fn(*args)
+
+    def capture(self, executable: CudaExecutable) -> CaptureResult:
+        try:
+            graph = self.rt.capture(lambda: self.execute(executable))
+        except Exception as e:  # the driver's reason, whatever its type
+            return CaptureResult(reason=f"CUDA graph capture failed: {e}")
+        replay = CudaExecutable(
+            executable.split, executable.inputs, executable.outputs, executable.launches,
+            executable.keep,
+        )  # fmt: skip
+        replay.graph = graph
+        return CaptureResult(replay)
+
+    def release(self, executable: CudaExecutable) -> None:
+        executable.graph = None
+        executable.launches = []
+        executable.keep = None
+
+    def close(self) -> None:
+        self._weights.clear()
+        super().close()

@@ -1,0 +1,425 @@
+"""A split as kernel launches: which kernel computes each node, with which grid and arguments,
+and which nodes one launch computes together.
+
+Launch-level fusions (same operations, same bits as the nodes one by one):
+
+- RMS_NORM[_MUL] then QUANTIZE of it: the norm kernel also writes the Q8A value;
+- ROPE then a KV_WRITE of its rows: the rope kernel also writes the cache rows;
+- ATTENTION then QUANTIZE of it: the attention kernel also writes the Q8A value.
+
+Every node's value is still written to its own buffer (the runtime may read any of them back),
+so a fusion only saves a launch and a pass over memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from parity.backends.cuda.driver import AttnArg, GemvSegsArg, Launch, Q8Arg, pack, pointer
+from parity.backends.gpu.runtime import Q8Value
+from parity.core.dtypes import DType
+from parity.core.ir import Graph, Node, Op
+
+GEMV_TOKENS = (1, 2, 4, 8)  # token counts of the GEMV instantiations; more tokens: GEMM
+GEMV_WARPS = 4
+GEMM_TILE = {False: (32, 64), True: (32, 32)}  # (rows, tokens) per block; gated: fewer tokens
+ATTENTION_DIMS = (64, 128, 256)
+EPI_BIAS, EPI_RESIDUAL, EPI_SWIGLU = 1, 2, 4
+FLOAT_WEIGHTS = (DType.F32, DType.F16, DType.BF16)
+SPLIT_TOKENS = 4  # flash decoding for at most this many tokens
+SPLIT_MIN_CHUNKS = 16  # ... and caches of at least this many chunks (shorter: one launch)
+
+
+def grid1(n: int, per: int = 256, cap: int = 65535) -> tuple[int, int, int]:
+    return (max(1, min(cap, -(-n // per))), 1, 1)
+
+
+def tree_levels(width: int) -> int:
+    """MAXL for a TREE of ``width`` leaves (a power of two): its levels plus one."""
+    return width.bit_length()
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+@attrs.define
+class Lowered:
+    """A split's launches, and the extra device buffers they write (scratch)."""
+
+    launches: list[tuple[Callable[..., None], tuple[Any, ...]]]
+    scratch: list[Any]
+    kernels: set[tuple[str, str]]
+    pending: list[tuple[tuple[str, str], Launch]]  # launches whose kernel ``bind`` sets
+
+    def bind(self, function: Callable[[str, str], int]) -> None:
+        """Give every launch its kernel's handle (compiled or loaded by then)."""
+        for key, launch in self.pending:
+            launch.fn = function(*key)
+        self.pending = []
+
+
+class Lowering:
+    """Builds launches for one split: ``launch`` enqueues a ``Launch`` on the stream,
+    ``copy(dst, src)`` is a device copy, ``scratch(dtype, shape)`` a buffer of the executable's
+    own. The kernels the launches need are compiled together afterwards (``Lowered.bind``)."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        values: Mapping[int, Any],
+        weights: Mapping[str, Any],
+        launch: Callable[[Launch], None],
+        copy: Callable[[Any, Any], None],
+        scratch: Callable[[DType, tuple[int, ...]], Any],
+        n_split_chunks: int,
+    ) -> None:
+        self.graph = graph
+        self.values = values
+        self.weights = weights
+        self.enqueue = launch
+        self.copy = copy
+        self.new_scratch = scratch
+        self.split_chunks = n_split_chunks
+        self.out: Lowered = Lowered([], [], set(), [])
+        self.done: set[int] = set()
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _launch(self, source: str, name: str, grid, block, args, shared: int = 0) -> None:
+        launch = Launch(name, 0, grid, block, shared, pack(args))  # its kernel: ``bind``
+        self.out.kernels.add((source, name))
+        self.out.pending.append(((source, name), launch))
+        self.out.launches.append((self.enqueue, (launch,)))
+
+    def _value(self, i: int) -> Any:
+        return self.values[i]
+
+    def _weight(self, node: Node) -> Any:
+        return self.weights[node.arg]
+
+    def _src(self, node: Node, k: int) -> Node:
+        return self.graph.nodes[node.src[k]]
+
+    def _ptr(self, i: int) -> ctypes.c_void_p:
+        src = self.graph.nodes[i]
+        if src.op is Op.WEIGHT:
+            return pointer(self.weights[src.arg])
+        return pointer(self.values[i])
+
+    # -- the nodes ----------------------------------------------------------------------------
+
+    def lower(self, nodes: tuple[int, ...], readers: Mapping[int, list[int]]) -> Lowered:
+        inside = set(nodes)
+        self.inside, self.readers = inside, readers
+        for i in nodes:
+            if i in self.done:
+                continue
+            node = self.graph.nodes[i]
+            follow = [u for u in readers.get(i, []) if u in inside and u not in self.done]
+            getattr(self, f"_{node.op.name.lower()}")(i, node, follow)
+            self.done.add(i)
+        return self.out
+
+    def _fused_reader(self, follow: list[int], op: Op) -> int | None:
+        """The first reader of ``op`` among a node's later readers in the split, if any."""
+        for u in follow:
+            if self.graph.nodes[u].op is op:
+                return u
+        return None
+
+    def _q8_parts(self, i: int | None) -> tuple[Any, Any, Any]:
+        if i is None:
+            return (None, None, None)
+        v: Q8Value = self.values[i]
+        return (v.q, v.d, v.s)
+
+    def _get_rows(self, i, node, follow):
+        table, ids = self._src(node, 0), node.src[1]
+        t, k = node.shape
+        row_bytes = table.dtype.nbytes(k)
+        self._launch(
+            "rows.cu", f"get_rows<{table.dtype.value}>", grid1(t * k), (256, 1, 1),
+            [self._ptr(i), self._ptr(node.src[0]), self._ptr(ids), t, k,
+             ctypes.c_longlong(row_bytes)],
+        )  # fmt: skip
+
+    def _slice_rows(self, i, node, follow):
+        x = self.values[node.src[0]]
+        start, count = node.arg.start, node.arg.count
+        self.out.launches.append((self.copy, (self.values[i], x[start : start + count])))
+
+    def _binary(self, i, node, op: int):
+        b = self.graph.nodes[node.src[1]]
+        n = node.shape[0] * node.shape[1]
+        row = int(len(b.shape) == 1)
+        self._launch(
+            "rows.cu", f"binary_f32<{op}>", grid1(n), (256, 1, 1),
+            [self._ptr(i), self._ptr(node.src[0]), self._ptr(node.src[1]), ctypes.c_longlong(n),
+             node.shape[1], row],
+        )  # fmt: skip
+
+    def _add(self, i, node, follow):
+        self._binary(i, node, 0)
+
+    def _mul(self, i, node, follow):
+        self._binary(i, node, 1)
+
+    def _silu(self, i, node, follow):
+        n = node.shape[0] * node.shape[1]
+        self._launch("rows.cu", "silu_f32", grid1(n), (256, 1, 1),
+                     [self._ptr(i), self._ptr(node.src[0]), ctypes.c_longlong(n)])  # fmt: skip
+
+    def _swiglu(self, i, node, follow):
+        n = node.shape[0] * node.shape[1]
+        self._launch("rows.cu", "swiglu_f32", grid1(n), (256, 1, 1),
+                     [self._ptr(i), self._ptr(node.src[0]), self._ptr(node.src[1]),
+                      ctypes.c_longlong(n)])  # fmt: skip
+
+    def _norm(self, i, node, follow, w):
+        t, width = node.shape
+        qn = self._fused_reader(follow, Op.QUANTIZE)
+        q, qd, qs = self._q8_parts(qn)
+        self._launch(
+            "rows.cu", "rms_norm_f32", (t, 1, 1), (256, 1, 1),
+            [self._ptr(i), pointer(q), pointer(qd), pointer(qs), self._ptr(node.src[0]),
+             ctypes.c_void_p(None) if w is None else self._ptr(w), width, float(node.arg)],
+            shared=width * 4 if qn is not None else 0,
+        )  # fmt: skip
+        if qn is not None:
+            self.done.add(qn)
+
+    def _rms_norm(self, i, node, follow):
+        self._norm(i, node, follow, None)
+
+    def _rms_norm_mul(self, i, node, follow):
+        self._norm(i, node, follow, node.src[1])
+
+    def _quantize(self, i, node, follow):
+        t, k = node.shape
+        q, d, s = self._q8_parts(i)
+        blocks = t * k // 32
+        self._launch("rows.cu", "quantize_q8", grid1(blocks, 8), (256, 1, 1),
+                     [pointer(q), pointer(d), pointer(s), self._ptr(node.src[0]),
+                      ctypes.c_longlong(blocks)])  # fmt: skip
+
+    def _rope(self, i, node, follow):
+        arg = node.arg
+        t = node.shape[0]
+        kv = self._fused_reader(follow, Op.KV_WRITE)
+        if kv is not None and self.graph.nodes[kv].src[1:] != (i, node.src[1]):
+            kv = None  # it writes this ROPE's rows only at the positions it rotated by
+        cache = None if kv is None else self.values[self.graph.nodes[kv].src[0]]
+        per_head = arg.n_rot // 2 + (arg.head_dim - arg.n_rot)
+        self._launch(
+            "rows.cu", f"rope_f32<{int(arg.mode == 'neox')}>", grid1(t * arg.n_head * per_head),
+            (256, 1, 1),
+            [self._ptr(i), pointer(cache), self._ptr(node.src[0]), self._ptr(node.src[1]),
+             self._ptr(node.src[2]), self._ptr(node.src[3]), t, arg.n_head, arg.head_dim,
+             arg.n_rot],
+        )  # fmt: skip
+        if kv is not None:
+            self.done.add(kv)
+
+    def _kv_write(self, i, node, follow):
+        cache, rows, pos = node.src
+        t, width = self.graph.nodes[rows].shape
+        self._launch("rows.cu", "kv_write_f32", grid1(t * width), (256, 1, 1),
+                     [self._ptr(cache), self._ptr(rows), self._ptr(pos), t, width])  # fmt: skip
+
+    def _argmax(self, i, node, follow):
+        rows, width = self._src(node, 0).shape
+        self._launch("rows.cu", "argmax_f32", (rows, 1, 1), (1024, 1, 1),
+                     [self._ptr(i), self._ptr(node.src[0]), width])  # fmt: skip
+
+    def _attention(self, i, node, follow):
+        arg = node.arg
+        d = arg.head_dim
+        t = node.shape[0]
+        n_ctx = self._src(node, 1).shape[0]
+        qn = self._fused_reader(follow, Op.QUANTIZE)
+        oq, od, os_ = self._q8_parts(qn)
+        a = AttnArg()
+        a.q, a.k, a.v, a.positions = (self._ptr(s).value for s in node.src)
+        a.out = self._ptr(i).value
+        a.oq, a.od, a.os = (pointer(p).value for p in (oq, od, os_))
+        a.n_head, a.n_head_kv, a.n_ctx, a.scale = arg.n_head, arg.n_head_kv, n_ctx, arg.scale
+        chunks = -(-n_ctx // 256)
+        split = t <= SPLIT_TOKENS and chunks >= SPLIT_MIN_CHUNKS
+        if not split:
+            a.chunks_per_split, a.n_split = chunks, 1
+            self._launch("attention.cu", f"attention_rows<{d}>", (arg.n_head, t, 1),
+                         (256, 1, 1), [a])  # fmt: skip
+        else:
+            cps = max(1, self.split_chunks)
+            n_split = -(-chunks // cps)
+            part = self.new_scratch(DType.F32, (t * arg.n_head * chunks * (d + 1),))
+            pmax = self.new_scratch(DType.F32, (t * arg.n_head * n_split,))
+            self.out.scratch += [part, pmax]
+            a.part, a.pmax = part.data_ptr(), pmax.data_ptr()
+            a.chunks_per_split, a.n_split = cps, n_split
+            grid = (arg.n_head, t, n_split)
+            self._launch("attention.cu", f"attention_split_max<{d}>", grid, (256, 1, 1), [a])
+            self._launch("attention.cu", f"attention_split_sums<{d}>", grid, (256, 1, 1), [a])
+            self._launch("attention.cu", f"attention_split_fold<{d}>", (arg.n_head, t, 1),
+                         (256, 1, 1), [a])  # fmt: skip
+        if qn is not None:
+            self.done.add(qn)
+
+    # -- matrix products ------------------------------------------------------------------------
+
+    def _product(
+        self,
+        out: Any,
+        x_id: int,
+        weights: tuple[int, ...],
+        bias: int | None,
+        res: int | None,
+        shape: tuple[int, int],
+        q8: int | None = None,
+    ) -> bool:
+        """``out`` = x W^T (with the bias, the residual, or SWIGLU of two products). With
+        ``q8`` (a QUANTIZE of the product) its value is written too where the kernel can: True
+        when it did."""
+        x = self.graph.nodes[x_id]
+        w = self.graph.nodes[weights[0]]
+        t, n = shape
+        k = w.shape[1]
+        epi = (EPI_BIAS if bias is not None else 0) | (EPI_RESIDUAL if res is not None else 0)
+        w2 = weights[1] if len(weights) == 2 else None
+        if w2 is not None:
+            epi = EPI_SWIGLU
+        row_bytes = w.dtype.nbytes(k)
+        common = [self._ptr(weights[0]),
+                  ctypes.c_void_p(None) if w2 is None else self._ptr(w2),
+                  ctypes.c_void_p(None) if bias is None else self._ptr(bias),
+                  ctypes.c_void_p(None) if res is None else self._ptr(res),
+                  t, n, k, ctypes.c_longlong(row_bytes)]  # fmt: skip
+        if w.dtype in FLOAT_WEIGHTS:
+            step = GEMV_TOKENS[-1]
+            for start in range(0, t, step):  # float weights: GEMV, 8 tokens at a time
+                count = min(step, t - start)
+                tmax = next(c for c in GEMV_TOKENS if c >= count)
+                args = list(common)
+                if res is not None:
+                    args[3] = pointer(self.values[res][start : start + count])
+                args[4] = count
+                rows = slice(start, start + count)
+                y, xs = pointer(out[rows]), pointer(self.values[x_id][rows])
+                name = f"gemv_f<{w.dtype.value}, {tmax}, {epi}>"
+                block = (32 * GEMV_WARPS, 1, 1)
+                self._launch("matmul.cu", name, grid1(n, GEMV_WARPS), block, [y, xs, *args])
+            return False
+        if x.dtype is DType.F32:  # x not quantized yet (a graph run as written): into scratch
+            xv = self.new_scratch(DType.Q8A, x.shape)
+            self.out.scratch.append(xv)
+            blocks = t * k // 32
+            self._launch("rows.cu", "quantize_q8", grid1(blocks, 8), (256, 1, 1),
+                         [pointer(xv.q), pointer(xv.d), pointer(xv.s), self._ptr(x_id),
+                          ctypes.c_longlong(blocks)])  # fmt: skip
+            q, d, s = xv.q, xv.d, xv.s
+        else:
+            q, d, s = self._q8_parts(x_id)
+        xq = Q8Arg(q.data_ptr(), d.data_ptr(), s.data_ptr())
+        if t <= GEMV_TOKENS[-1]:
+            tmax = next(c for c in GEMV_TOKENS if c >= t)
+            block = (32 * GEMV_WARPS, 1, 1)
+            if q8 is not None and n % 32 == 0:
+                tickets = self.new_scratch(DType.I32, (n // 32,))
+                self.out.scratch.append(tickets)
+                oq, od, os_ = self._q8_parts(q8)
+                self._launch("matmul.cu", f"gemv_q_q8<{w.dtype.value}, {tmax}, {epi}>",
+                             (-(-n // GEMV_WARPS), 1, 1), block,
+                             [pointer(out), xq, *common, pointer(oq), pointer(od), pointer(os_),
+                              pointer(tickets)])  # fmt: skip
+                return True
+            self._launch("matmul.cu", f"gemv_q<{w.dtype.value}, {tmax}, {epi}>",
+                         grid1(n, GEMV_WARPS), block, [pointer(out), xq, *common])  # fmt: skip
+            return False
+        sub = 16 if w.dtype is DType.Q6_K else 32
+        maxl = max(6, tree_levels(next_pow2(k // sub)))
+        maxl = next(m for m in (6, 8, 10, 12) if m >= maxl)
+        bn, bt = GEMM_TILE[bool(epi & EPI_SWIGLU)]
+        self._launch("matmul.cu", f"gemm_q<{w.dtype.value}, {maxl}, {epi}>",
+                     (-(-n // bn), -(-t // bt), 1), (256, 1, 1),
+                     [pointer(out), xq, *common])  # fmt: skip
+        return False
+
+    def _matmul(self, i, node, follow):
+        bias = node.src[2] if len(node.src) == 3 else None
+        group = [i, *self._siblings(i, node)]
+        if len(group) > 1:
+            self._products(group)
+            return
+        self._product(self.values[i], node.src[0], (node.src[1],), bias, None, node.shape)
+
+    def _siblings(self, i: int, node: Node) -> list[int]:
+        """Other products of the split that read this product's Q8A x with weights of its type
+        and width, and its bias or none (q, k and v): at most two, launched with it."""
+        nodes = self.graph.nodes
+        x = node.src[0]
+        if nodes[x].dtype is not DType.Q8A or node.shape[0] > GEMV_TOKENS[-1]:
+            return []
+        w = nodes[node.src[1]]
+        found = []
+        for u in self.readers.get(x, []):
+            other = nodes[u]
+            if (u == i or u not in self.inside or u in self.done or other.op is not Op.MATMUL
+                    or other.src[0] != x or len(other.src) != len(node.src)):  # fmt: skip
+                continue
+            ow = nodes[other.src[1]]
+            if (ow.dtype, ow.shape[1]) == (w.dtype, w.shape[1]) and len(found) < 2:
+                found.append(u)
+        return found
+
+    def _products(self, group: list[int]) -> None:
+        """Products of one Q8A x by weights of one type and width, in one launch."""
+        nodes = self.graph.nodes
+        first = nodes[group[0]]
+        w = nodes[first.src[1]]
+        t, k = first.shape[0], w.shape[1]
+        segs = GemvSegsArg()
+        for slot, i in zip(("s0", "s1", "s2"), group, strict=False):
+            node = nodes[i]
+            seg = getattr(segs, slot)
+            seg.y = self._ptr(i).value
+            seg.w = self._ptr(node.src[1]).value
+            seg.bias = self._ptr(node.src[2]).value if len(node.src) == 3 else None
+            seg.row_bytes = nodes[node.src[1]].dtype.nbytes(k)
+            seg.N = node.shape[1]
+            seg.blocks = -(-seg.N // GEMV_WARPS)
+        blocks = sum(getattr(segs, slot).blocks for slot in ("s0", "s1", "s2"))
+        q, d, s = self._q8_parts(first.src[0])
+        xq = Q8Arg(q.data_ptr(), d.data_ptr(), s.data_ptr())
+        epi = EPI_BIAS if len(first.src) == 3 else 0
+        tmax = next(c for c in GEMV_TOKENS if c >= t)
+        self._launch("matmul.cu", f"gemv_q_multi<{w.dtype.value}, {tmax}, {epi}>",
+                     (blocks, 1, 1), (32 * GEMV_WARPS, 1, 1), [segs, xq, t, k])  # fmt: skip
+        self.done.update(group)
+
+    def _matmul_add(self, i, node, follow):
+        bias = node.src[2] if len(node.src) == 4 else None
+        self._product(self.values[i], node.src[0], (node.src[1],), bias, node.src[-1],
+                      node.shape)  # fmt: skip
+
+    def _matmul_swiglu(self, i, node, follow):
+        x, gate, up = node.src
+        if (self.graph.nodes[gate].dtype, self.graph.nodes[gate].shape) == (
+            self.graph.nodes[up].dtype, self.graph.nodes[up].shape,
+        ):  # fmt: skip
+            qn = self._fused_reader(follow, Op.QUANTIZE)
+            if self._product(self.values[i], x, (gate, up), None, None, node.shape, qn):
+                self.done.add(qn)  # the down projection's x, quantized by the same launch
+            return
+        # gate and up of different types: the two products, then SWIGLU (the same roundings)
+        g, u = (self.new_scratch(DType.F32, node.shape) for _ in "gu")
+        self.out.scratch += [g, u]
+        self._product(g, x, (gate,), None, None, node.shape)
+        self._product(u, x, (up,), None, None, node.shape)
+        n = node.shape[0] * node.shape[1]
+        self._launch("rows.cu", "swiglu_f32", grid1(n), (256, 1, 1),
+                     [self._ptr(i), pointer(g), pointer(u), ctypes.c_longlong(n)])  # fmt: skip
