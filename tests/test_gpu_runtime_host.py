@@ -94,10 +94,13 @@ KERNELS = [
     *(("rows.cu", f"get_rows<{t}>") for t in (0, 1, 30, 2, 3, 6, 8, 12, 14)),
     *(("matmul.cu", f"gemv_q<{t}, 1, 0>") for t in (2, 3, 6, 8, 12, 14)),
     ("matmul.cu", "gemv_q<3, 4, 4>"),
+    ("matmul.cu", "gemv_q_multi<6, 8, 1, 1>"),
+    ("matmul.cu", "gemv_q_q8<12, 1, 4>"),
     ("matmul.cu", "gemv_f<1, 1, 2>"),
     ("matmul.cu", "gemm_q<14, 10, 1>"),
     ("matmul.cu", "gemm_q<12, 6, 4>"),
     ("attention.cu", "attention_rows<64>"),
+    ("attention.cu", "attention_chunks<64>"),
     ("attention.cu", "attention_split_sums<64>"),
 ]
 
@@ -217,9 +220,10 @@ def test_lowering_covers_every_node_of_the_real_models(name, tokens):
     alone = [i for i in nodes if graph.nodes[i].op is Op.QUANTIZE
              and graph.nodes[graph.nodes[i].src[0]].op not in producers]  # fmt: skip
     assert names.count("quantize_q8") == len(alone)  # the others: their producer's launch
-    unrotated = [i for i in nodes if graph.nodes[i].op is Op.KV_WRITE
-                 and graph.nodes[graph.nodes[i].src[1]].op is not Op.ROPE]  # fmt: skip
-    assert names.count("kv_write_f32") == len(unrotated)  # k rows: the rope launch writes them
+    assert "kv_write_f32" not in names  # k and v rows: the layer's rope launch writes them
+    assert sum(n.startswith("rope_f32") for n in names) == spec.n_layer  # q and k: one launch
+    if tokens == 1:  # norm, q/k/v, rope, attention, o, norm, gate/up, down: 8 a layer
+        assert len(lowered.launches) == 8 * spec.n_layer + 4, names[:12]
     lowered.bind(lambda source, kernel: 1)
     assert not lowered.pending
     assert all(launch.fn == 1 for _, (launch, *_) in lowered.launches if hasattr(launch, "fn"))

@@ -336,14 +336,16 @@ def op_suite() -> list[CaseSpec]:
                     _rope(n_head, spec.head_dim, spec.head_dim, mode, 4096, spec.rope_base),
                 )
             )
-        for start, t in ((0, 300), (300, 1), (511, 2)):
+        # prefill, decode, and decode deep in caches of 17 and 34 chunks (flash decoding)
+        for start, t, n_ctx in ((0, 300, 640), (300, 1, 640), (511, 2, 640), (4000, 1, 4352),
+                                (8600, 1, 8704)):  # fmt: skip
             heads = f"{spec.n_head}x{spec.n_head_kv}x{spec.head_dim}"
             specs.append(
                 _spec(
                     f"attention-{heads}-p{start}-t{t}",
                     Op.ATTENTION,
                     F32,
-                    _attention(spec.n_head, spec.n_head_kv, spec.head_dim, start, t, 640),
+                    _attention(spec.n_head, spec.n_head_kv, spec.head_dim, start, t, n_ctx),
                 )
             )
     specs.append(_spec("rope-neox-partial-9x64-rot32", Op.ROPE, F32,

@@ -112,7 +112,19 @@ class AttnArg(ctypes.Structure):
     _fields_ = (
         [
             (name, ctypes.c_void_p)
-            for name in ("q", "k", "v", "positions", "out", "oq", "od", "os", "part", "pmax")
+            for name in (
+                "q",
+                "k",
+                "v",
+                "positions",
+                "out",
+                "oq",
+                "od",
+                "os",
+                "part",
+                "pmax",
+                "tickets",
+            )
         ]
         + [
             (name, ctypes.c_int)
@@ -120,6 +132,19 @@ class AttnArg(ctypes.Structure):
         ]
         + [("scale", ctypes.c_float)]
     )
+
+
+class RopeArg(ctypes.Structure):
+    """``struct RopeArgs`` of rows.cu (a second rope or the v rows: null / 0 when absent)."""
+
+    _fields_ = [
+        (name, ctypes.c_void_p)
+        for name in ("y0", "x0", "cache0", "y1", "x1", "cache1", "v", "v_cache", "positions",
+                     "cos_t", "sin_t")
+    ] + [
+        (name, ctypes.c_int)
+        for name in ("heads0", "heads1", "v_width", "n_tokens", "head_dim", "n_rot")
+    ]  # fmt: skip
 
 
 class GemvSegArg(ctypes.Structure):

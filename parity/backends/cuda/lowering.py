@@ -4,7 +4,8 @@ and which nodes one launch computes together.
 Launch-level fusions (same operations, same bits as the nodes one by one):
 
 - RMS_NORM[_MUL] then QUANTIZE of it: the norm kernel also writes the Q8A value;
-- ROPE then a KV_WRITE of its rows: the rope kernel also writes the cache rows;
+- ROPE then a KV_WRITE of its rows: the rope kernel also writes the cache rows; q's and k's
+  ROPEs, their KV_WRITEs and v's KV_WRITE at the same positions are one launch;
 - ATTENTION then QUANTIZE of it: the attention kernel also writes the Q8A value.
 
 Every node's value is still written to its own buffer (the runtime may read any of them back),
@@ -19,7 +20,15 @@ from typing import Any
 
 import attrs
 
-from parity.backends.cuda.driver import AttnArg, GemvSegsArg, Launch, Q8Arg, pack, pointer
+from parity.backends.cuda.driver import (
+    AttnArg,
+    GemvSegsArg,
+    Launch,
+    Q8Arg,
+    RopeArg,
+    pack,
+    pointer,
+)
 from parity.backends.gpu.runtime import Q8Value
 from parity.core.dtypes import DType
 from parity.core.ir import Graph, Node, Op
@@ -30,8 +39,10 @@ GEMM_TILE = {False: (32, 64), True: (32, 32)}  # (rows, tokens) per block; gated
 ATTENTION_DIMS = (64, 128, 256)
 EPI_BIAS, EPI_RESIDUAL, EPI_SWIGLU = 1, 2, 4
 FLOAT_WEIGHTS = (DType.F32, DType.F16, DType.BF16)
+NORM_THREADS = 1024  # rows.cu's
 SPLIT_TOKENS = 4  # flash decoding for at most this many tokens
-SPLIT_MIN_CHUNKS = 16  # ... and caches of at least this many chunks (shorter: one launch)
+CHUNKS_ONE_LAUNCH = 32  # ... in one launch for caches of at most this many chunks (8192 rows):
+# each block finds the max over the visible chunks itself; longer caches: three launches
 
 
 def grid1(n: int, per: int = 256, cap: int = 65535) -> tuple[int, int, int]:
@@ -117,13 +128,27 @@ class Lowering:
         inside = set(nodes)
         self.inside, self.readers = inside, readers
         for i in nodes:
-            if i in self.done:
-                continue
-            node = self.graph.nodes[i]
-            follow = [u for u in readers.get(i, []) if u in inside and u not in self.done]
-            getattr(self, f"_{node.op.name.lower()}")(i, node, follow)
-            self.done.add(i)
+            if i not in self.done:
+                self._lower_node(i)
         return self.out
+
+    def _lower_node(self, i: int) -> None:
+        node = self.graph.nodes[i]
+        follow = [u for u in self.readers.get(i, []) if u in self.inside and u not in self.done]
+        getattr(self, f"_{node.op.name.lower()}")(i, node, follow)
+        self.done.add(i)
+
+    def _pull(self, i: int) -> bool:
+        """Make node ``i``'s value exist before the next launch, launching it now if it is a
+        matrix product of the split whose sources are ready (v's, for the rope launch that
+        writes it into the cache). False if it cannot be."""
+        if self._ready(i):
+            return True
+        node = self.graph.nodes[i]
+        if node.op is not Op.MATMUL or not all(self._ready(s) for s in node.src):
+            return False
+        self._lower_node(i)
+        return True
 
     def _fused_reader(self, follow: list[int], op: Op) -> int | None:
         """The first reader of ``op`` among a node's later readers in the split, if any."""
@@ -185,7 +210,7 @@ class Lowering:
         qn = self._fused_reader(follow, Op.QUANTIZE)
         q, qd, qs = self._q8_parts(qn)
         self._launch(
-            "rows.cu", "rms_norm_f32", (t, 1, 1), (256, 1, 1),
+            "rows.cu", "rms_norm_f32", (t, 1, 1), (NORM_THREADS, 1, 1),
             [self._ptr(i), pointer(q), pointer(qd), pointer(qs), self._ptr(node.src[0]),
              ctypes.c_void_p(None) if w is None else self._ptr(w), width, float(node.arg)],
             shared=width * 4 if qn is not None else 0,
@@ -208,22 +233,80 @@ class Lowering:
                       ctypes.c_longlong(blocks)])  # fmt: skip
 
     def _rope(self, i, node, follow):
+        """This ROPE, the step's other ROPE of the same positions and tables (k after q), the
+        KV_WRITE of each, and the one more KV_WRITE at those positions (v): one launch."""
         arg = node.arg
         t = node.shape[0]
-        kv = self._fused_reader(follow, Op.KV_WRITE)
-        if kv is not None and self.graph.nodes[kv].src[1:] != (i, node.src[1]):
-            kv = None  # it writes this ROPE's rows only at the positions it rotated by
-        cache = None if kv is None else self.values[self.graph.nodes[kv].src[0]]
+        jobs = [(i, node, self._rope_kv(i, node, follow))]
+        other = self._rope_sibling(i, node)
+        if other is not None:
+            o = self.graph.nodes[other]
+            later = [u for u in self.readers.get(other, []) if u in self.inside]
+            jobs.append((other, o, self._rope_kv(other, o, later)))
+        v = self._other_kv_write(node.src[1], {kv for *_, kv in jobs})
+        a = RopeArg()
+        a.positions, a.cos_t, a.sin_t = (self._ptr(s).value for s in node.src[1:])
+        for slot, (r, rn, kv) in enumerate(jobs):
+            setattr(a, f"y{slot}", self._ptr(r).value)
+            setattr(a, f"x{slot}", self._ptr(rn.src[0]).value)
+            if kv is not None:
+                setattr(a, f"cache{slot}", self._ptr(self.graph.nodes[kv].src[0]).value)
+                self.done.add(kv)
+            setattr(a, f"heads{slot}", rn.arg.n_head)
+            self.done.add(r)
+        if v is not None:
+            kv_node = self.graph.nodes[v]
+            a.v, a.v_cache = self._ptr(kv_node.src[1]).value, self._ptr(kv_node.src[0]).value
+            a.v_width = self.graph.nodes[kv_node.src[1]].shape[1]
+            self.done.add(v)
+        a.n_tokens, a.head_dim, a.n_rot = t, arg.head_dim, arg.n_rot
         per_head = arg.n_rot // 2 + (arg.head_dim - arg.n_rot)
-        self._launch(
-            "rows.cu", f"rope_f32<{int(arg.mode == 'neox')}>", grid1(t * arg.n_head * per_head),
-            (256, 1, 1),
-            [self._ptr(i), pointer(cache), self._ptr(node.src[0]), self._ptr(node.src[1]),
-             self._ptr(node.src[2]), self._ptr(node.src[3]), t, arg.n_head, arg.head_dim,
-             arg.n_rot],
-        )  # fmt: skip
-        if kv is not None:
-            self.done.add(kv)
+        work = t * per_head * (a.heads0 + a.heads1) + t * a.v_width
+        self._launch("rows.cu", f"rope_f32<{int(arg.mode == 'neox')}>", grid1(work),
+                     (256, 1, 1), [a])  # fmt: skip
+
+    def _rope_kv(self, i: int, node: Node, follow: list[int]) -> int | None:
+        """The KV_WRITE of this ROPE's rows at the positions it rotated by, if the split has
+        one still to launch."""
+        kv = self._fused_reader(follow, Op.KV_WRITE)
+        if kv is not None and self.graph.nodes[kv].src[1:] == (i, node.src[1]):
+            return kv if self._may_write_now(kv) else None
+        return None
+
+    def _rope_sibling(self, i: int, node: Node) -> int | None:
+        """Another ROPE of the split still to launch with this one's positions, tables and
+        mode, whose x is computed or is a product that can launch first."""
+        for u in self.readers.get(node.src[1], []):
+            other = self.graph.nodes[u]
+            if (u != i and u in self.inside and u not in self.done and other.op is Op.ROPE
+                    and other.src[1:] == node.src[1:]
+                    and attrs.evolve(other.arg, n_head=node.arg.n_head) == node.arg
+                    and self._pull(other.src[0])):  # fmt: skip
+                return u
+        return None
+
+    def _other_kv_write(self, positions: int, taken: set[int | None]) -> int | None:
+        """A KV_WRITE of the split still to launch at ``positions`` whose cache is ready and
+        whose rows are, or are a product that can launch first (v's, beside the ROPEs' own)."""
+        for u in self.readers.get(positions, []):
+            kv = self.graph.nodes[u]
+            if (u in self.inside and u not in self.done and u not in taken
+                    and kv.op is Op.KV_WRITE and kv.src[2] == positions
+                    and self._ready(kv.src[0]) and self._may_write_now(u)
+                    and self._pull(kv.src[1])):  # fmt: skip
+                return u
+        return None
+
+    def _may_write_now(self, kv: int) -> bool:
+        """Whether KV_WRITE ``kv`` may run before its turn: nothing still to launch reads the
+        cache as it was before the write."""
+        cache = self.graph.nodes[kv].src[0]
+        return all(r == kv or r in self.done for r in self.readers.get(cache, []))
+
+    def _ready(self, i: int) -> bool:
+        """Whether node ``i``'s value exists before the next launch: computed by an earlier
+        launch of this split, or not computed by this split at all."""
+        return i in self.done or i not in self.inside
 
     def _kv_write(self, i, node, follow):
         cache, rows, pos = node.src
@@ -249,12 +332,15 @@ class Lowering:
         a.oq, a.od, a.os = (pointer(p).value for p in (oq, od, os_))
         a.n_head, a.n_head_kv, a.n_ctx, a.scale = arg.n_head, arg.n_head_kv, n_ctx, arg.scale
         chunks = -(-n_ctx // 256)
-        split = t <= SPLIT_TOKENS and chunks >= SPLIT_MIN_CHUNKS
-        if not split:
-            a.chunks_per_split, a.n_split = chunks, 1
-            self._launch("attention.cu", f"attention_rows<{d}>", (arg.n_head, t, 1),
+        if t <= SPLIT_TOKENS and chunks <= CHUNKS_ONE_LAUNCH:
+            part = self.new_scratch(DType.F32, (t * arg.n_head * chunks * (d + 1),))
+            tickets = self.new_scratch(DType.I32, (t * arg.n_head,))  # zero: scratch is zeroed
+            self.out.scratch += [part, tickets]
+            a.part, a.tickets = part.data_ptr(), tickets.data_ptr()
+            a.chunks_per_split, a.n_split = 1, chunks
+            self._launch("attention.cu", f"attention_chunks<{d}>", (arg.n_head, t, chunks),
                          (256, 1, 1), [a])  # fmt: skip
-        else:
+        elif t <= SPLIT_TOKENS:
             cps = max(1, self.split_chunks)
             n_split = -(-chunks // cps)
             part = self.new_scratch(DType.F32, (t * arg.n_head * chunks * (d + 1),))
@@ -266,6 +352,10 @@ class Lowering:
             self._launch("attention.cu", f"attention_split_max<{d}>", grid, (256, 1, 1), [a])
             self._launch("attention.cu", f"attention_split_sums<{d}>", grid, (256, 1, 1), [a])
             self._launch("attention.cu", f"attention_split_fold<{d}>", (arg.n_head, t, 1),
+                         (256, 1, 1), [a])  # fmt: skip
+        else:
+            a.chunks_per_split, a.n_split = chunks, 1
+            self._launch("attention.cu", f"attention_rows<{d}>", (arg.n_head, t, 1),
                          (256, 1, 1), [a])  # fmt: skip
         if qn is not None:
             self.done.add(qn)
@@ -358,46 +448,58 @@ class Lowering:
         self._product(self.values[i], node.src[0], (node.src[1],), bias, None, node.shape)
 
     def _siblings(self, i: int, node: Node) -> list[int]:
-        """Other products of the split that read this product's Q8A x with weights of its type
-        and width, and its bias or none (q, k and v): at most two, launched with it."""
+        """Other products of the split that read this product's Q8A x with weights of its
+        width, and its bias or none (q, k and v): at most two, launched with it."""
         nodes = self.graph.nodes
         x = node.src[0]
         if nodes[x].dtype is not DType.Q8A or node.shape[0] > GEMV_TOKENS[-1]:
             return []
-        w = nodes[node.src[1]]
+        k = nodes[node.src[1]].shape[1]
         found = []
         for u in self.readers.get(x, []):
             other = nodes[u]
             if (u == i or u not in self.inside or u in self.done or other.op is not Op.MATMUL
                     or other.src[0] != x or len(other.src) != len(node.src)):  # fmt: skip
                 continue
-            ow = nodes[other.src[1]]
-            if (ow.dtype, ow.shape[1]) == (w.dtype, w.shape[1]) and len(found) < 2:
+            if nodes[other.src[1]].shape[1] == k and len(found) < 2:
                 found.append(u)
         return found
 
     def _products(self, group: list[int]) -> None:
-        """Products of one Q8A x by weights of one type and width, in one launch."""
+        """Products of one Q8A x by weights of one width in one launch: segments 0 and 1 of
+        one weight type, segment 2 of that or another (q and k Q5_0, v Q8_0)."""
         nodes = self.graph.nodes
+        types = [nodes[nodes[i].src[1]].dtype for i in group]
+        if len(set(types)) == 3:  # three types: the third launches on its own
+            group = group[:2]
+            types = types[:2]
+        common = max(set(types), key=types.count)  # two of one type and one other: A, A, B
+        same = [i for i, t in zip(group, types, strict=True) if t == common]
+        other = [i for i, t in zip(group, types, strict=True) if t != common]
+        third = other[0] if other else (same[2] if len(same) == 3 else None)
+        first_two = same[:2] if len(same) > 1 else [*same, None]
+        slots = [*first_two, third]
         first = nodes[group[0]]
-        w = nodes[first.src[1]]
-        t, k = first.shape[0], w.shape[1]
+        t, k = first.shape[0], nodes[first.src[1]].shape[1]
         segs = GemvSegsArg()
-        for slot, i in zip(("s0", "s1", "s2"), group, strict=False):
+        for name, i in zip(("s0", "s1", "s2"), slots, strict=True):
+            if i is None:
+                continue  # N = 0, no blocks
             node = nodes[i]
-            seg = getattr(segs, slot)
+            seg = getattr(segs, name)
             seg.y = self._ptr(i).value
             seg.w = self._ptr(node.src[1]).value
             seg.bias = self._ptr(node.src[2]).value if len(node.src) == 3 else None
             seg.row_bytes = nodes[node.src[1]].dtype.nbytes(k)
             seg.N = node.shape[1]
             seg.blocks = -(-seg.N // GEMV_WARPS)
-        blocks = sum(getattr(segs, slot).blocks for slot in ("s0", "s1", "s2"))
+        blocks = sum(getattr(segs, name).blocks for name in ("s0", "s1", "s2"))
         q, d, s = self._q8_parts(first.src[0])
         xq = Q8Arg(q.data_ptr(), d.data_ptr(), s.data_ptr())
         epi = EPI_BIAS if len(first.src) == 3 else 0
         tmax = next(c for c in GEMV_TOKENS if c >= t)
-        self._launch("matmul.cu", f"gemv_q_multi<{w.dtype.value}, {tmax}, {epi}>",
+        qt2 = common if slots[2] is None else nodes[nodes[slots[2]].src[1]].dtype
+        self._launch("matmul.cu", f"gemv_q_multi<{common.value}, {qt2.value}, {tmax}, {epi}>",
                      (blocks, 1, 1), (32 * GEMV_WARPS, 1, 1), [segs, xq, t, k])  # fmt: skip
         self.done.update(group)
 

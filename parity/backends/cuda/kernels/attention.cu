@@ -11,6 +11,10 @@
 //
 // attention_rows: one block per (token, head) walks every chunk twice (the max first, then the
 //   sums with that max), recomputing the scores bit for bit; no scratch. For prefill.
+// attention_chunks: flash decoding in one launch, for few tokens and caches of few chunks. One
+//   block per (token, head, chunk): it finds the max over every visible chunk itself (the
+//   blocks of a head agree on it bit for bit: max is exact), writes its chunk's sums, and the
+//   last block of the head to finish (an atomic ticket) folds them in chunk order.
 // attention_split_*: flash decoding for few tokens and long contexts. The chunks of a (token,
 //   head) are spread over blocks: a first launch writes each block's max, a second recomputes
 //   the scores of its chunks with the max of all of them and writes each chunk's sums, a third
@@ -30,6 +34,7 @@ struct AttnArgs {
     float* os;
     float* part;  // split: per (token, head, chunk) D + 1 floats (N_c then D_c)
     float* pmax;  // split: per (token, head, split) the max of its scores
+    int* tickets;  // chunks: per (token, head) a counter, zero between launches
     int n_head, n_head_kv, n_ctx, chunks_per_split, n_split;
     float scale;
 };
@@ -81,10 +86,14 @@ template <int D>
 __device__ float chunks_max(const AttnArgs& a, const float* sq, const float* kbase, int p, int c0,
                             int c1, float* smem) {
     const int width = a.n_head_kv * D;
+    const int cend = min(c1, p / CHUNK + 1);
     float m = -__int_as_float(0x7f800000);
-    for (int c = c0; c < c1 && c * CHUNK <= p; ++c) {
-        const int pos = c * CHUNK + threadIdx.x;
-        if (pos <= p) m = max_nan(m, score<D>(sq, kbase + (i64)pos * width, a.scale));
+    for (int c = c0; c < cend; c += 2) {  // two rows a thread at a time: their loads overlap
+        const int pos0 = c * CHUNK + threadIdx.x, pos1 = pos0 + CHUNK;
+        const float s0 = score<D>(sq, kbase + (i64)min(pos0, p) * width, a.scale);
+        const float s1 = score<D>(sq, kbase + (i64)min(pos1, p) * width, a.scale);
+        if (pos0 <= p) m = max_nan(m, s0);
+        if (pos1 <= p && c + 1 < cend) m = max_nan(m, s1);
     }
     return block_max(m, smem);
 }
@@ -104,11 +113,18 @@ __device__ float chunk_sums(const AttnArgs& a, const float* sq, const float* kba
     const int i = threadIdx.x % D, part = threadIdx.x / D;
     float st[10];
     const int first = c * CHUNK + part * D;
-#pragma unroll 8
-    for (int j = 0; j < D; ++j) {
-        const int pj = first + j;
-        const float w = pj <= p ? __fmul_rn(se[part * D + j], vbase[(i64)pj * width + i]) : 0.0f;
-        tree_push<10>(st, j, w);
+    // the run's values in batches of 32 loads issued together (one memory latency per batch,
+    // not one per row); rows past p read row p, a valid one, and are dropped
+#pragma unroll
+    for (int j0 = 0; j0 < D; j0 += 32) {
+        float vals[32];
+#pragma unroll
+        for (int j = 0; j < 32; ++j) vals[j] = vbase[(i64)min(first + j0 + j, p) * width + i];
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            const float e = se[part * D + j0 + j];
+            tree_push<10>(st, j0 + j, first + j0 + j <= p ? __fmul_rn(e, vals[j]) : 0.0f);
+        }
     }
     float run = tree_finish<10>(st, D, D);
     __syncthreads();
@@ -166,7 +182,46 @@ __global__ void __launch_bounds__(CHUNK) attention_rows(AttnArgs a) {
     store_out<D>(a, t, h, num, den);
 }
 
-// ---- split (flash decoding) ---------------------------------------------------------------
+// ---- flash decoding -------------------------------------------------------------------------
+
+// grid (n_head, T, chunks of n_ctx)
+template <int D>
+__global__ void __launch_bounds__(CHUNK) attention_chunks(AttnArgs a) {
+    __shared__ float sq[D], se[CHUNK], sn[D], smem[32];
+    __shared__ int last;
+    const int h = blockIdx.x, t = blockIdx.y, c = blockIdx.z;
+    const int g = h / (a.n_head / a.n_head_kv);
+    const int p = a.positions[t];
+    const int nc = p / CHUNK + 1;
+    if (c >= nc) return;  // past the position: no work, no ticket
+    const float* kbase = a.k + g * D;
+    const float* vbase = a.v + g * D;
+    load_q<D>(a, t, h, sq);
+    const float m = chunks_max<D>(a, sq, kbase, p, 0, nc, smem);
+    const float dc = chunk_sums<D>(a, sq, kbase, vbase, p, c, m, se, sn, smem);
+    const i64 th = (i64)t * a.n_head + h;
+    float* part = a.part + th * gridDim.z * (D + 1);
+    if (threadIdx.x < D) part[(i64)c * (D + 1) + threadIdx.x] = sn[threadIdx.x];
+    if (threadIdx.x == 0) part[(i64)c * (D + 1) + D] = dc;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&a.tickets[th], 1) == nc - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float num = 0.0f, den = 0.0f;
+    for (int k = 0; k < nc; ++k) {  // at L2: other blocks wrote them
+        const float* pk = part + (i64)k * (D + 1);
+        const float nk = threadIdx.x < D ? __ldcg(pk + threadIdx.x) : 0.0f;
+        const float dk = __ldcg(pk + D);
+        den = k == 0 ? dk : __fadd_rn(den, dk);
+        num = k == 0 ? nk : __fadd_rn(num, nk);
+    }
+    store_out<D>(a, t, h, num, den);
+    if (threadIdx.x == 0) a.tickets[th] = 0;  // ready for the next launch (or replay)
+}
+
+// ---- split (flash decoding over many chunks) ---------------------------------------------------------------
 
 // grid (n_head, T, n_split): split z covers chunks [z * cps, (z + 1) * cps)
 template <int D>

@@ -149,8 +149,9 @@ gemv_q_q8(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const fl
     if (threadIdx.x == 0) tickets[g] = 0;
 }
 
-// Up to three products of one x by weights of one type and width (q, k and v) in one launch:
-// segment k's rows take blocks [first_k, first_k + blocks_k) of the grid.
+// Up to three products of one x by weights of one width (q, k and v) in one launch: segment
+// k's rows take blocks [first_k, first_k + blocks_k) of the grid. Segments 0 and 1 hold
+// weights of type QT, segment 2 of type QT2 (v is often of another type than q and k).
 struct GemvSeg {
     float* y;
     const u8* w;
@@ -163,21 +164,27 @@ struct GemvSegs {
     GemvSeg s0, s1, s2;
 };
 
-template <int QT, int TMAX, int EPI>
+template <int QT, int QT2, int TMAX, int EPI>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_q_multi(GemvSegs segs, Q8 x, int T, int K) {
     int b = blockIdx.x;
     GemvSeg sg = segs.s0;
+    bool second_type = false;
     if (b >= segs.s0.blocks) {
         b -= segs.s0.blocks;
         sg = segs.s1;
         if (b >= segs.s1.blocks) {
             b -= segs.s1.blocks;
             sg = segs.s2;
+            second_type = true;
         }
     }
     const int n = b * GEMV_WARPS + (threadIdx.x >> 5);
-    if (n < sg.N)
+    if (n >= sg.N) return;
+    if (QT2 != QT && second_type)
+        gemv_q_row<QT2, TMAX, EPI>(sg.y, x, sg.w, nullptr, sg.bias, nullptr, T, sg.N, K,
+                                   sg.row_bytes, n);
+    else
         gemv_q_row<QT, TMAX, EPI>(sg.y, x, sg.w, nullptr, sg.bias, nullptr, T, sg.N, K,
                                   sg.row_bytes, n);
 }

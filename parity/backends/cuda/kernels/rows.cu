@@ -74,8 +74,8 @@ __device__ float block_tree(float v, int P, float* smem) {
 // slots of the squares' TREE (R = max(1, W / blockDim.x)), so the block's tree is the
 // contract's. y = x * scale (* w when w is given); the row is also quantized when q is given
 // (the Q8A a matrix product reads: RMS_NORM + MUL + QUANTIZE in one launch).
-#define NORM_THREADS 256
-#define NORM_MAXL 9  // runs of up to 256 slots per thread: widths up to 65536
+#define NORM_THREADS 1024  // a warp per Q8 block of rows up to 32768 wide: one quantize round
+#define NORM_MAXL 9  // runs of up to 256 slots per thread: widths up to 262144
 
 __global__ void __launch_bounds__(NORM_THREADS)
 rms_norm_f32(float* y, i8* q, float* qd, float* qs, const float* x, const float* w, int width,
@@ -120,42 +120,74 @@ rms_norm_f32(float* y, i8* q, float* qd, float* qs, const float* x, const float*
 
 // ---- ROPE, KV_WRITE ----------------------------------------------------------------------------
 
-// One thread per (token, head, pair); dims n_rot.. of each head are copied. When ``cache`` is
-// given, the rotated row is also written into cache row positions[t] (ROPE + KV_WRITE).
+// Up to two ROPEs of one step's rows (q and k: the same positions and tables) and one more
+// KV_WRITE (v) in one launch. Rope r rotates x_r (T, heads_r * head_dim) into y_r and, when
+// cache_r is given, also writes the rotated row into cache_r row positions[t] (ROPE + its
+// KV_WRITE); dims n_rot.. of each head are copied. ``v`` rows (T, v_width), when given, go to
+// ``v_cache`` rows positions[t]. One thread per (token, head, pair) of each rope, then one per
+// v element.
+struct RopeArgs {
+    float* y0;
+    const float* x0;
+    float* cache0;
+    float* y1;
+    const float* x1;
+    float* cache1;
+    const float* v;
+    float* v_cache;
+    const int* positions;
+    const float* cos_t;
+    const float* sin_t;
+    int heads0, heads1, v_width, n_tokens, head_dim, n_rot;
+};
+
 template <int NEOX>
-__global__ void rope_f32(float* y, float* cache, const float* x, const int* positions,
-                         const float* cos_t, const float* sin_t, int n_tokens, int n_head,
-                         int head_dim, int n_rot) {
-    const int half = n_rot >> 1;
-    const int width = n_head * head_dim;
-    const int per_head = half + (head_dim - n_rot);  // pairs, then copied dims
-    const i64 total = (i64)n_tokens * n_head * per_head;
-    for (i64 k = blockIdx.x * (i64)blockDim.x + threadIdx.x; k < total;
+__device__ __forceinline__ void rope_pair(const RopeArgs& a, float* y, const float* x,
+                                          float* cache, int heads, i64 k) {
+    const int half = a.n_rot >> 1;
+    const int per_head = half + (a.head_dim - a.n_rot);  // pairs, then copied dims
+    const int width = heads * a.head_dim;
+    const int t = (int)(k / ((i64)heads * per_head));
+    const int rem = (int)(k % ((i64)heads * per_head));
+    const int h = rem / per_head, i = rem % per_head;
+    const i64 base = (i64)t * width + h * a.head_dim;
+    const int p = a.positions[t];
+    float* crow = cache != nullptr ? cache + (i64)p * width + h * a.head_dim : nullptr;
+    if (i < half) {
+        const int i0 = NEOX ? i : 2 * i, i1 = NEOX ? i + half : 2 * i + 1;
+        const float c = a.cos_t[(i64)p * half + i], s = a.sin_t[(i64)p * half + i];
+        const float x0 = x[base + i0], x1 = x[base + i1];
+        const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        const float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        y[base + i0] = y0;
+        y[base + i1] = y1;
+        if (crow != nullptr) {
+            crow[i0] = y0;
+            crow[i1] = y1;
+        }
+    } else {
+        const int d = a.n_rot + (i - half);
+        y[base + d] = x[base + d];
+        if (crow != nullptr) crow[d] = x[base + d];
+    }
+}
+
+template <int NEOX>
+__global__ void rope_f32(RopeArgs a) {
+    const i64 per_head = (a.n_rot >> 1) + (a.head_dim - a.n_rot);
+    const i64 n0 = (i64)a.n_tokens * a.heads0 * per_head;
+    const i64 n1 = (i64)a.n_tokens * a.heads1 * per_head;
+    const i64 nv = a.v != nullptr ? (i64)a.n_tokens * a.v_width : 0;
+    for (i64 k = blockIdx.x * (i64)blockDim.x + threadIdx.x; k < n0 + n1 + nv;
          k += (i64)gridDim.x * blockDim.x) {
-        const int t = (int)(k / ((i64)n_head * per_head));
-        const int rem = (int)(k % ((i64)n_head * per_head));
-        const int h = rem / per_head, i = rem % per_head;
-        const i64 base = (i64)t * width + h * head_dim;
-        const int p = positions[t];
-        float* crow = cache != nullptr ? cache + (i64)p * width + h * head_dim : nullptr;
-        if (i < half) {
-            const int i0 = NEOX ? i : 2 * i, i1 = NEOX ? i + half : 2 * i + 1;
-            const float c = cos_t[(i64)p * half + i], s = sin_t[(i64)p * half + i];
-            const float x0 = x[base + i0], x1 = x[base + i1];
-            const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-            const float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
-            if (y != nullptr) {
-                y[base + i0] = y0;
-                y[base + i1] = y1;
-            }
-            if (crow != nullptr) {
-                crow[i0] = y0;
-                crow[i1] = y1;
-            }
+        if (k < n0) {
+            rope_pair<NEOX>(a, a.y0, a.x0, a.cache0, a.heads0, k);
+        } else if (k < n0 + n1) {
+            rope_pair<NEOX>(a, a.y1, a.x1, a.cache1, a.heads1, k - n0);
         } else {
-            const int d = n_rot + (i - half);
-            if (y != nullptr) y[base + d] = x[base + d];
-            if (crow != nullptr) crow[d] = x[base + d];
+            const i64 e = k - n0 - n1;
+            const int t = (int)(e / a.v_width), i = (int)(e % a.v_width);
+            a.v_cache[(i64)a.positions[t] * a.v_width + i] = a.v[e];
         }
     }
 }
