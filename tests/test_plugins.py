@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 import warnings
 
@@ -50,6 +52,20 @@ def inline_plugin(pm):
 def test_builtin_cpu_registers_through_the_hook(pm):
     registry = collect_backends(pm)
     assert registry.backends == {"cpu": CpuBackend} and registry.owners["cpu"] == "cpu"
+
+
+def test_builtin_cuda_registers_without_importing_torch():
+    from parity.backends.cuda.backend import CudaBackend
+
+    registry = collect_backends(*plugin_manager(env={"PARITY_PLUGINS": "cuda"}))
+    assert registry.backends == {"cpu": CpuBackend, "cuda": CudaBackend}
+    assert registry.owners["cuda"] == "cuda"
+    probe = (
+        "import sys, parity.core.plugins as p; r = p.load_backends(); r.get('cuda').available(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'cuda')))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"  # discovery imports neither torch nor the CUDA bindings
 
 
 def test_inline_plugin_registers_and_unregisters(inline_plugin):
@@ -198,6 +214,9 @@ def test_parity_plugins_limits_what_loads(entry_points_on_path):
         rest = load_backends(env={"PARITY_PLUGINS": "-missing,-importerror,-badhook,-typo,-oldapi"})
         assert {"cpu", "good"} <= set(rest.backends) and not rest.broken
         assert set(load_backends(env={"PARITY_PLUGINS": "good,-cpu"}).backends) == {"cpu", "good"}
+        assert set(load_backends(env={"PARITY_PLUGINS": "good,cuda"}).backends) == {
+            "cpu", "good", "cuda",
+        }  # fmt: skip
 
 
 def test_plugin_filter_parsing():
@@ -209,8 +228,8 @@ def test_plugin_filter_parsing():
 def test_unknown_backend_names_the_installed_ones(pm):
     registry = collect_backends(pm)
     registry.broken["jax"] = "failed to import"
-    with pytest.raises(PluginError, match=r"unknown backend 'cuda'; installed backends: cpu .*jax"):
-        registry.get("cuda")
+    with pytest.raises(PluginError, match=r"unknown backend 'rocm'; installed backends: cpu.*jax"):
+        registry.get("rocm")
 
 
 def test_broken_plugins_on_the_command_line(entry_points_on_path, capsys):

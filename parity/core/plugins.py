@@ -1,10 +1,10 @@
 """The plugin manager: hookspecs, the ``parity`` entry-point group, the built-in backends.
 
 ``PARITY_PLUGINS`` limits which installed plugins load: ``jax`` loads only that one; ``-jax``
-(or ``-jax,-other``) loads all but those. The built-in backends always load: ``cpu`` is the
-oracle and the fallback every runtime needs. A plugin that fails to import, declares a hook
-parity does not have, or fails to register is reported by name and skipped; every other
-backend keeps working.
+(or ``-jax,-other``) loads all but those. The filter applies to the built-in ``cuda`` too;
+``cpu`` always loads: it is the oracle and the fallback every runtime needs. A plugin that
+fails to import, declares a hook parity does not have, or fails to register is reported by
+name and skipped; every other backend keeps working.
 """
 
 from __future__ import annotations
@@ -71,11 +71,18 @@ def plugin_manager(
     pm = pluggy.PluginManager("parity")
     pm.add_hookspecs(hookspecs)
     broken: dict[str, str] = {}
+
+    def wanted(name: str) -> bool:
+        return name == "cpu" or not (
+            (include is not None and name not in include) or name in exclude
+        )
+
     for name, target in DEFAULT_PLUGINS.items():
-        pm.register(importlib.import_module(target), name=name)
+        if wanted(name):
+            pm.register(importlib.import_module(target), name=name)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         name = ep.name
-        if (include is not None and name not in include) or name in exclude:
+        if name == "cpu" or not wanted(name):
             continue
         if pm.has_plugin(name):
             broken.setdefault(name, f"another plugin already uses the name {name!r}")
