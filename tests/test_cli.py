@@ -127,6 +127,24 @@ def test_bad_input_is_one_line_on_stderr(capsys, home, model_path, argv, message
     assert err.startswith("parity: error: ") and err.count("\n") == 1 and message in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("run", "-m", "{model}", "--device", "cpu:1", "x"), "backend 'cpu' has no device 1"),
+        (("bench", "-m", "{model}", "-b", "cpu", "--device", "cuda:0"), "a device of cuda, not"),
+        (("conformance", "cpu", "--device", "cuda:1"), "a device of cuda, not of cpu"),
+        (("run", "-m", "{model}", "--device", "x", "x"), "a device index (1) or id (cuda:1)"),
+    ],
+)
+def test_device_ids_pick_the_backend_or_say_what_is_wrong(capsys, home, model_path, argv,
+                                                          message):  # fmt: skip
+    try:
+        rc, _, err = cli(capsys, *(a.replace("{model}", model_path) for a in argv))
+    except SystemExit as e:  # an argparse usage error
+        rc, err = e.code, capsys.readouterr().err
+    assert rc in (1, 2) and message in err and "Traceback" not in err
+
+
 def test_not_a_gguf_file(capsys, home, tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a model at all")

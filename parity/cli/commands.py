@@ -298,9 +298,34 @@ def _explain(args: argparse.Namespace) -> int:
         print(format_graph(plan.graph, plan))
     elif args.graph == "dot":
         print(to_dot(plan.graph, plan))
+    elif args.json:
+        print(json.dumps({**json.loads(plan.to_json()), "capture": _capture_policy(model, plan)}))
     else:
-        print(plan.to_json() if args.json else plan.explain(verbose=args.verbose))
+        print(plan.explain(verbose=args.verbose))
+        for i, how in enumerate(_capture_policy(model, plan)):
+            print(f"  split {i} graph capture: {how}")
     return 0
+
+
+def _capture_policy(model, plan) -> list[str]:
+    """Per split of a plan, whether its step will replay a captured graph, or why not."""
+    from parity.core.backend import Backend
+    from parity.core.runtime import CAPTURE_AFTER_RUNS
+
+    by_name = {b.name: b for b in model.backends}
+    out = []
+    for sp in plan.splits:
+        backend = by_name.get(sp.backend)
+        if not model.runtime.capture:
+            out.append("off (capture = false)")
+        elif backend is None or type(backend).capture is Backend.capture:
+            out.append(f"never: {sp.backend} does not capture graphs")
+        else:
+            out.append(
+                f"captured on run {CAPTURE_AFTER_RUNS} and replayed after, unless "
+                f"{sp.backend} refuses (bench --json gives the reason)"
+            )
+    return out
 
 
 # -- measurements --------------------------------------------------------------------------

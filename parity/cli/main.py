@@ -15,6 +15,37 @@ EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130
 
 
+def _device_arg(value: str) -> tuple[str | None, int]:
+    """``--device``: an index (1) or a backend's device id (cuda:1)."""
+    name, _, index = value.rpartition(":")
+    try:
+        n = int(index)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a device index (1) or id (cuda:1), got {value!r}"
+        ) from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"a device index is >= 0, got {value!r}")
+    return (name or None, n)
+
+
+def _resolve_device(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """``--device cuda:1`` picks the backend too, where the command has not named another."""
+    if not isinstance(getattr(args, "device", None), tuple):
+        return
+    name, args.device = args.device
+    if name is None:
+        return
+    if hasattr(args, "backends"):  # compare: the candidate's device
+        chosen = [n.strip() for n in args.backends.split(",")][-1]
+    else:  # --backend, or conformance's NAME
+        chosen = getattr(args, "backend", None)
+        if chosen in (None, "auto"):
+            args.backend = chosen = name
+    if chosen != name:
+        parser.error(f"--device {name}:{args.device} is a device of {name}, not of {chosen}")
+
+
 def _positive(value: str) -> int:
     n = int(value)
     if n < 1:
@@ -41,7 +72,7 @@ def _model_options(p: argparse.ArgumentParser, *, runtime: bool = True) -> None:
     if not runtime:
         return
     g.add_argument("-b", "--backend", help="backend name, or auto (default: from config)")
-    g.add_argument("--device", type=int, help="device index of the backend")
+    g.add_argument("--device", type=_device_arg, help="device of the backend: 1 or cuda:1")
     g.add_argument("--numerics", choices=("exact", "fast"), help="default: exact")
     g.add_argument(
         "--strict", action="store_true", default=None, help="fail instead of falling back to cpu"
@@ -139,7 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
         "conformance", help="run the op conformance suite on a backend, against the cpu oracle"
     )
     p.add_argument("backend", metavar="NAME", help="the backend to check (see `parity backends`)")
-    p.add_argument("--device", type=int, help="device index of the backend (default 0)")
+    p.add_argument(
+        "--device", type=_device_arg, help="device of the backend: 1 or cuda:1 (default 0)"
+    )
     p.add_argument(
         "-k", dest="patterns", action="append", default=[], metavar="TEXT",
         help="only cases whose id contains TEXT (repeatable)",
@@ -168,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--save-dir", default="parity-cases", metavar="DIR",
         help="where the first violation is saved as a replayable case (default: ./parity-cases)",
     )  # fmt: skip
-    p.add_argument("--device", type=int, help="device index of the candidate")
+    p.add_argument("--device", type=_device_arg, help="device of the candidate: 1 or cuda:1")
     p.add_argument(
         "--ctx", type=_positive,
         help="KV cache size (default: just what the prompt and tokens need)",
@@ -200,7 +233,9 @@ def _plugin_warnings():
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _resolve_device(args, parser)
     previous = _plugin_warnings()
     try:
         return args.func(args) or 0

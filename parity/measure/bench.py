@@ -35,6 +35,8 @@ class BenchResult:
     step_ms: float  # median of the steps after the first
     cold_ttft_ms: float
     load_s: float
+    # per split of the greedy decode step: "" when it replays a captured graph, else why not
+    decode_capture: list[str] = attrs.Factory(list)
 
     def to_dict(self) -> dict:
         return attrs.asdict(self)
@@ -70,4 +72,5 @@ def bench(
         step_ms=round(statistics.median(steps[1:]) * 1e3, 3),
         cold_ttft_ms=round(cold_ttft * 1e3, 3),
         load_s=round(load_s, 3),
+        decode_capture=model.runtime.capture_status(model.session.decode_graphs[True]),
     )
