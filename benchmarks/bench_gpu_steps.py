@@ -27,11 +27,24 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--position", type=int, default=100)
-    ap.add_argument("--profile", action="store_true", help="time every kernel of eager steps")
+    ap.add_argument("--profile", action="store_true", help="time every kernel of a step")
+    ap.add_argument(
+        "--first-step",
+        action="store_true",
+        help="profile the first decode step after a 512-token prefill",
+    )
+    ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after loading")
     args = ap.parse_args()
+    model = parity.load(args.model, backend=args.backend, n_ctx=args.ctx, verify_capture=True)
+    if args.gc_freeze:
+        import gc
+
+        gc.freeze()
+    if args.first_step:
+        first_step(model)
+        return
     import torch
 
-    model = parity.load(args.model, backend=args.backend, n_ctx=args.ctx, verify_capture=True)
     rt = model.runtime
     graph = model.graphs(GraphParams(n_tokens=1, n_ctx=args.ctx, output="argmax"))
     step = rt.step(graph, ())
@@ -71,7 +84,10 @@ def main() -> None:
         pstep = rt.step(prefill, ())
         pstep.write(graph_inputs(np.arange(512, dtype=np.int32) % 1000, 0))
         pstep.run()
-        for what, exe in (("decode", main_split.eager), ("prefill512", pstep._splits[0].eager)):
+        step.write(graph_inputs(np.asarray([7], np.int32), args.position))
+        step.run()  # the decode step's inputs again, after the prefill's
+        decode = main_split.executable
+        for what, exe in (("decode", decode), ("prefill512", pstep._splits[0].eager)):
             print(what, json.dumps(kernel_times(exe, backend, torch)))
     print(json.dumps({
         "model": model.name, "backend": backend.device.id, "ctx": args.ctx,
@@ -84,35 +100,123 @@ def main() -> None:
     }))  # fmt: skip
 
 
-def kernel_times(exe, backend, torch, runs: int = 5) -> dict:
-    """Milliseconds per kernel name over one eager run (the median of ``runs``), each launch
-    between its own CUDA events."""
-    stream = backend.rt.stream
-    per_run = []
-    for _ in range(runs):
-        marks = []
-        for fn, fargs in exe.launches:
+def first_step(model, prompt_tokens: int = 512, runs: int = 3) -> None:
+    """The first decode step after a prefill against the later ones (host clock), and where the
+    first one's host time goes (cProfile, in one more run)."""
+    import cProfile
+    import gc
+    import io
+    import pstats
+
+    from parity.generation.session import Session
+
+    prefill, step = Session.prefill, Session.step
+    state: dict = {"first": False, "times": [], "now": "other"}
+
+    def timed_prefill(self, *a, **k):
+        state["first"] = True
+        return prefill(self, *a, **k)
+
+    def timed_step(self, *a, **k):
+        profiler = cProfile.Profile() if state["first"] and state["profile_it"] else None
+        t0 = time.perf_counter()
+        if profiler is not None:
+            profiler.enable()
+        state["now"] = "first" if state["first"] else "later"
+        out = step(self, *a, **k)
+        state["now"] = "other"
+        if profiler is not None:
+            profiler.disable()
+            state["profile"] = profiler
+        state["times"].append((state["first"], time.perf_counter() - t0))
+        state["first"] = False
+        return out
+
+    Session.prefill, Session.step = timed_prefill, timed_step
+    backend = model.backends[0]
+    execute = backend.execute
+    gpu: list = []  # (where, start event, end event) of every execute
+    gc_ms: list = []  # (where, ms) of every garbage collection
+    if hasattr(backend, "rt"):
+        import torch
+
+        def timed_execute(exe):
+            if backend.rt.capturing:  # events recorded into a graph cannot be timed
+                return execute(exe)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(stream)
-            fn(*fargs)
-            end.record(stream)
-            marks.append((getattr(fargs[0], "name", "copy"), start, end))
-        stream.synchronize()
-        totals: dict[str, float] = {}
-        for name, start, end in marks:
-            totals[name] = totals.get(name, 0.0) + start.elapsed_time(end)
-        per_run.append(totals)
-    names = per_run[0]
-    table = {n: round(statistics.median(r[n] for r in per_run), 4) for n in names}
-    counts: dict[str, int] = {}
-    for _, fargs in exe.launches:
-        name = getattr(fargs[0], "name", "copy")
-        counts[name] = counts.get(name, 0) + 1
+            start.record(backend.rt.stream)
+            execute(exe)
+            end.record(backend.rt.stream)
+            gpu.append((state["now"], start, end))
+
+        backend.execute = timed_execute
+    gc_start: list = [0.0]
+
+    def on_gc(phase, info):
+        if phase == "start":
+            gc_start[0] = time.perf_counter()
+        else:
+            gc_ms.append((state["now"], (time.perf_counter() - gc_start[0]) * 1e3))
+
+    gc.callbacks.append(on_gc)
+    prompt = np.random.default_rng(0).integers(0, model.spec.n_vocab, prompt_tokens).tolist()
+    for run in range(runs + 1):  # the last, profiled, is not timed
+        state["profile_it"] = run == runs
+        if run == runs:
+            state["times_clean"] = list(state["times"])
+        model.reset()
+        model.generate(prompt, max_tokens=32, temperature=0.0, ignore_eos=True).complete()
+    Session.prefill, Session.step = prefill, step
+    backend.execute = execute
+    gc.callbacks.remove(on_gc)
+    if gpu:
+        gpu[-1][2].synchronize()
+        ms = [(now, s.elapsed_time(e)) for now, s, e in gpu]
+        print(json.dumps({
+            "gpu_first_step_ms": [round(t, 3) for now, t in ms if now == "first"],
+            "gpu_later_step_ms_median": round(
+                statistics.median(t for now, t in ms if now == "later"), 3),
+        }))  # fmt: skip
+    print(json.dumps({
+        "gc_ms_in_steps": {k: [round(t, 3) for now, t in gc_ms if now == k]
+                           for k in ("first", "later")},
+        "gc_ms_elsewhere": round(sum(t for now, t in gc_ms if now == "other"), 3),
+    }))  # fmt: skip
+    firsts = [t for f, t in state["times_clean"] if f]
+    later = [t for f, t in state["times_clean"] if not f]
+    print(
+        json.dumps(
+            {
+                "first_step_ms": [round(t * 1e3, 3) for t in firsts],
+                "later_step_ms_median": round(statistics.median(later) * 1e3, 3),
+            }
+        )
+    )
+    text = io.StringIO()
+    pstats.Stats(state["profile"], stream=text).sort_stats("cumulative").print_stats(18)
+    print(text.getvalue()[-4000:])
+
+
+def kernel_times(exe, backend, torch, runs: int = 10) -> dict:
+    """Device microseconds per run of each kernel (CUPTI, through torch.profiler: the kernels'
+    own time, captured graphs included), their count per run, and the run's busy total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    backend.execute(exe)
+    backend.rt.stream.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            backend.execute(exe)
+        backend.rt.stream.synchronize()
+    table = {}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if us > 0 and not e.key.startswith(("Memcpy", "Memset", "cudaGraph")):
+            table[e.key[:60]] = (round(us / runs, 1), e.count // runs)
     return {
-        "total_ms": round(sum(table.values()), 3),
-        "kernels": dict(sorted(((n, (t, counts[n])) for n, t in table.items()),
-                               key=lambda kv: -kv[1][0])),
-    }  # fmt: skip
+        "busy_us": round(sum(t for t, _ in table.values()), 1),
+        "kernels_us_count": dict(sorted(table.items(), key=lambda kv: -kv[1][0])),
+    }
 
 
 if __name__ == "__main__":

@@ -1,31 +1,51 @@
 #!/usr/bin/env bash
-# One device call: the cuda backend's correctness (conformance, GPU tests) while llama.cpp's
-# CUDA build compiles, then parity beside llama.cpp on synthetic twins of the real models (real
-# header, random payload). Carry .wheels (gguf) and .peer (../shared/peers/llamacpp-cuda.sh
-# prepare .peer). Logs under $OUT.
+# The cuda backend on a lent GPU machine, in stages that fit one device call each (the machine
+# keeps /tmp between calls made while it is warm). Carry .wheels (the gguf wheel) and .peer
+# (`bash ../shared/peers/llamacpp-cuda.sh prepare .peer`). Logs under $OUT.
+#
+#   bash benchmarks/gpu_bench.sh check   conformance, the twin comparisons against cpu (and
+#                                        with TESTS=1 the gpu-marked tests), while llama.cpp's
+#                                        CUDA build compiles
+#   bash benchmarks/gpu_bench.sh bench   parity beside llama.cpp on the twins: decode at depth 0
+#                                        and 512, prefill 512, first step, kernels per step
 set -u
+stage=${1:?usage: gpu_bench.sh check|bench}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .wheels/*.whl || exit 1
 export PYTHONPATH=/tmp/site XLA_PYTHON_CLIENT_PREALLOCATE=false
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-for m in smollm2-135m qwen2.5-coder-0.5b; do
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+models="smollm2-135m qwen2.5-coder-0.5b"
+for m in $models; do
   [ -f /tmp/$m.gguf ] || python3 .peer/twin.py .peer/headers/$m.header.bin /tmp/$m.gguf >/dev/null
 done
-(bash .peer/llamacpp-cuda.sh build > "$out/lcpp_build.txt" 2>&1; echo "build rc $?" >> "$out/lcpp_build.txt") &
-build=$!
-echo "== conformance"
-timeout 200 python3 -m pytest -q --tb=short --maxfail=20 -p no:cacheprovider tests/test_backend_ops.py \
-  --backend cuda -k "not numpy" 2>&1 | tee "$out/conformance.txt" | tail -4
-echo "== gpu tests"
-timeout 200 python3 -m pytest -q --tb=short --maxfail=10 -p no:cacheprovider tests/test_cuda_backend.py \
-  2>&1 | tee "$out/gpu_tests.txt" | tail -4
-wait $build; tail -1 "$out/lcpp_build.txt"
-for m in smollm2-135m qwen2.5-coder-0.5b; do
+if [ "$stage" = check ]; then
+  (bash .peer/llamacpp-cuda.sh build > "$out/lcpp_build.txt" 2>&1; echo "build rc $?" >> "$out/lcpp_build.txt") &
+  build=$!
+  echo "== parity conformance cuda"
+  timeout 200 python3 -m parity conformance cuda 2>&1 | tee "$out/conformance.txt" | tail -3
+  if [ "${TESTS:-0}" = 1 ]; then
+    echo "== gpu tests"
+    timeout 240 python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_cuda_backend.py \
+      2>&1 | tee "$out/gpu_tests.txt" | tail -3
+  fi
+  for m in $models; do
+    echo "== compare cpu,cuda $m"
+    timeout "${COMPARE_S:-150}" python3 benchmarks/gpu_compare.py /tmp/$m.gguf 2>&1 | tee -a "$out/compare.txt"
+  done
+  wait $build; tail -1 "$out/lcpp_build.txt"
+  exit 0
+fi
+for m in $models; do
   echo "== parity $m"
-  timeout 150 python3 -m parity bench --model /tmp/$m.gguf --backend cuda -p 512 -g 128 --json 2>&1 | tail -1
-  timeout 150 python3 benchmarks/bench_gpu_steps.py /tmp/$m.gguf --runs 200 --profile 2>&1 | tail -3
-  echo "== llama.cpp $m"
-  timeout 120 bash .peer/llamacpp-cuda.sh bench /tmp/$m.gguf 2>/dev/null \
-    | python3 -c "import json,sys; [print(r['n_prompt'], r['n_gen'], round(r['avg_ts'],1), round(r['stddev_ts'],1)) for r in json.load(sys.stdin)]"
+  for p in 512 1; do
+    timeout 100 python3 -m parity bench --model /tmp/$m.gguf --backend cuda -p $p -g 128 --json 2>&1 | tail -1
+  done
+  timeout 100 python3 benchmarks/bench_gpu_steps.py /tmp/$m.gguf --runs 200 --position 600 --profile 2>&1 | tail -3
+  for freeze in "" --gc-freeze; do
+    timeout 60 python3 benchmarks/bench_gpu_steps.py /tmp/$m.gguf --first-step $freeze 2>&1 | head -3
+  done
+  echo "== llama.cpp $m (n_prompt n_gen n_depth tok/s stddev)"
+  timeout 120 bash .peer/llamacpp-cuda.sh bench /tmp/$m.gguf -d 0,512 2>/dev/null \
+    | python3 -c "import json,sys; [print(r['n_prompt'], r['n_gen'], r.get('n_depth', 0), round(r['avg_ts'],1), round(r['stddev_ts'],1)) for r in json.load(sys.stdin)]"
 done 2>&1 | tee "$out/bench.txt"

@@ -1,0 +1,61 @@
+"""A backend (cuda by default) against the cpu oracle on one model file: every node of every
+step bit for bit (``compare_steps``) after prompts of 1, 7, 300 and 600 tokens with 64
+decode steps each, then 256 greedy tokens generated on each backend. Prompts are seeded random
+ids (twins have random weights; any ids do). One line per check.
+
+    python benchmarks/gpu_compare.py MODEL.gguf [--prompts 1,7,300,600] [--steps 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import parity
+from parity.backends.cpu.backend import CpuBackend
+from parity.conformance.compare_steps import compare_steps
+from parity.conformance.report import backend_factory
+from parity.core.backend import Device
+from parity.core.plugins import load_backends
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--prompts", default="1,7,300,600")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--greedy", type=int, default=256)
+    ap.add_argument("--candidate", default="cuda")
+    args = ap.parse_args()
+    file = parity.load(args.model, backends=())
+    name = file.name
+    failed = 0
+    for n in (int(p) for p in args.prompts.split(",")):
+        prompt = [int(t) for t in np.random.default_rng(n).integers(0, file.spec.n_vocab, n)]
+        t0 = time.perf_counter()
+        report = compare_steps(
+            name, file.spec, file.file.weights, prompt, args.steps,
+            lambda: CpuBackend(Device("cpu")), backend_factory(load_backends(), args.candidate),
+        )  # fmt: skip
+        ok = report.violation is None and report.first_divergent is None
+        failed += not ok
+        print(f"compare prompt {n} + {args.steps} steps ({time.perf_counter() - t0:.0f} s): "
+              + " | ".join(report.summary().splitlines()))  # fmt: skip
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, file.spec.n_vocab, 7)]
+    tokens = {}
+    for backend in ("cpu", args.candidate):
+        model = parity.load(args.model, backend=backend, n_ctx=512)
+        gen = model.generate(prompt, max_tokens=args.greedy, temperature=0.0, ignore_eos=True)
+        tokens[backend] = gen.complete().tokens
+    same = tokens["cpu"] == tokens[args.candidate]
+    failed += not same
+    verdict = "identical" if same else "DIFFER"
+    print(f"greedy {args.greedy} tokens: cpu and {args.candidate} {verdict} "
+          f"({len(tokens[args.candidate])} generated)")  # fmt: skip
+    raise SystemExit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
