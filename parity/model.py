@@ -147,13 +147,18 @@ class Model:
         sampling: SamplingParams | None = None,
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
+        session: Session | None = None,
+        logprobs: int | None = None,
         **sampling_options: object,
     ) -> Generation:
         """Continue ``prompt`` (text, or token ids). Returns a streaming ``Generation``:
         iterate it for pieces of text, or call ``.complete()``. Sampling is given as a
         ``SamplingParams`` or as its fields (``temperature=0`` for greedy, ``top_k``,
-        ``top_p``, ``min_p``, ``repetition_penalty``, ``seed``, ...)."""
-        session = self._running()
+        ``top_p``, ``min_p``, ``repetition_penalty``, ``seed``, ...). ``session``: another
+        sequence's (``new_session``) instead of ``model.session``. ``logprobs`` (the number
+        of alternatives, 0 or more) records each token's log-probability
+        (``Generation.last_logprob`` after each piece)."""
+        session = session or self._running()
         if sampling is None:
             sampling = SamplingParams(**sampling_options)  # type: ignore[arg-type]
         elif sampling_options:
@@ -167,6 +172,7 @@ class Model:
             sampling=sampling,
             stop=stop,
             ignore_eos=ignore_eos,
+            logprobs=logprobs,
         )
 
     def render_chat(
@@ -178,6 +184,17 @@ class Model:
         """The assistant's reply to ``messages`` (dicts with ``role`` and ``content``), rendered
         with the model's own chat template; options as for ``generate``."""
         return self.generate(self.render_chat(messages), **options)  # type: ignore[arg-type]
+
+    def new_session(self, slot: int) -> Session:
+        """Another sequence on this model's runtime, with KV caches of its own (``slot`` >= 1;
+        slot 0 is ``model.session``'s). Its graphs are prepared when it first runs."""
+        session = self._running()
+        if slot < 1:
+            raise ValueError(f"slot 0 is model.session's; give a slot >= 1, got {slot}")
+        return Session(
+            self.runtime, self.graphs, self.n_ctx, session.n_batch,
+            capture_prefill=session.capture_prefill is None, slot=slot,
+        )  # fmt: skip
 
     def reset(self) -> None:
         """Start the next call from an empty cache."""

@@ -173,6 +173,7 @@ def build_decoder(spec: DecoderSpec, params: GraphParams) -> Graph:
     rope_k = RopeArg(spec.n_head_kv, spec.head_dim, spec.rot, spec.rope_mode)
     scale = float(np.float32(1.0 / math.sqrt(spec.head_dim)))
     attn = AttentionArg(spec.n_head, spec.n_head_kv, spec.head_dim, scale)
+    slot = params.cache_prefix
 
     x = b.op(Op.GET_ROWS, w("token_embd.weight"), tokens)  # (n, n_embd)
     for il in range(spec.n_layer):
@@ -181,8 +182,12 @@ def build_decoder(spec: DecoderSpec, params: GraphParams) -> Graph:
         q = b.op(Op.ROPE, linear(h, f"{blk}.attn_q"), pos, cos, sin, arg=rope_q)
         k = b.op(Op.ROPE, linear(h, f"{blk}.attn_k"), pos, cos, sin, arg=rope_k)
         v = linear(h, f"{blk}.attn_v")  # (n, n_head_kv * head_dim)
-        k_cache = b.op(Op.KV_WRITE, b.state(f"cache.k.{il}", (params.n_ctx, kv_width)), k, pos)
-        v_cache = b.op(Op.KV_WRITE, b.state(f"cache.v.{il}", (params.n_ctx, kv_width)), v, pos)
+        k_cache = b.op(
+            Op.KV_WRITE, b.state(f"{slot}cache.k.{il}", (params.n_ctx, kv_width)), k, pos
+        )
+        v_cache = b.op(
+            Op.KV_WRITE, b.state(f"{slot}cache.v.{il}", (params.n_ctx, kv_width)), v, pos
+        )
         a = b.op(Op.ATTENTION, q, k_cache, v_cache, pos, arg=attn)  # (n, n_head * head_dim)
         x = b.op(Op.ADD, x, linear(a, f"{blk}.attn_output"))
         h = norm(x, f"{blk}.ffn_norm.weight")

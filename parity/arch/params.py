@@ -23,6 +23,13 @@ class GraphParams:
     n_ctx: int = attrs.field(validator=_positive)  # KV cache capacity (positions 0..n_ctx-1)
     n_out: int = attrs.field(default=1, validator=_positive)  # last rows that produce output
     output: str = attrs.field(default="logits", validator=attrs.validators.in_(OUTPUTS))
+    # which sequence's KV cache the step reads and writes (a server's slots): slot 0's caches
+    # are named cache.k.L / cache.v.L, slot s's slot{s}.cache.k.L
+    slot: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+
+    @property
+    def cache_prefix(self) -> str:
+        return f"slot{self.slot}." if self.slot else ""
 
     def __attrs_post_init__(self) -> None:
         if self.n_out > self.n_tokens:

@@ -8,10 +8,12 @@ until the next token decides it.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Sequence
 
 import attrs
+import numpy as np
 
 from parity.generation.sampling import Sampler, SamplingParams
 from parity.generation.session import Session
@@ -29,6 +31,26 @@ class Piece:
     text: str
     token: int | None
     finish: str | None = None
+
+
+@attrs.frozen
+class TokenLogprob:
+    """The log-probability of a sampled token under the model's distribution (the logits'
+    log-softmax, before any sampling transform), and the ``top`` most likely (id, logprob)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def token_logprob(logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+    z = logits.astype(np.float64)
+    z = z - z.max()
+    log_norm = math.log(math.fsum(np.exp(z)))
+    best = np.argsort(-z, kind="stable")[:top] if top else ()
+    return TokenLogprob(
+        token, float(z[token] - log_norm), tuple((int(i), float(z[i] - log_norm)) for i in best)
+    )
 
 
 @attrs.define
@@ -62,6 +84,7 @@ class Generation:
         sampling: SamplingParams,
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
+        logprobs: int | None = None,
     ) -> None:
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
@@ -71,7 +94,10 @@ class Generation:
         self.prompt = list(prompt)
         self.max_tokens = max_tokens
         self.sampler = Sampler(sampling, tokenizer.n_vocab)
-        self.greedy = sampling.greedy and sampling.repetition_penalty == 1.0
+        # logprobs: the logits are needed, so no ARGMAX graph (the same tokens either way)
+        self.logprobs = logprobs
+        self.greedy = sampling.greedy and sampling.repetition_penalty == 1.0 and logprobs is None
+        self.last_logprob: TokenLogprob | None = None  # of the token last picked, with logprobs
         self.stop = StopMatcher(stop)
         self.ignore_eos = ignore_eos
         self.tokens: list[int] = []
@@ -95,7 +121,10 @@ class Generation:
     def _pick(self, out: object) -> int:
         if self.greedy:
             return int(out)  # type: ignore[call-overload]
-        return self.sampler(out, self.session.tokens)  # type: ignore[arg-type]
+        token = self.sampler(out, self.session.tokens)  # type: ignore[arg-type]
+        if self.logprobs is not None:
+            self.last_logprob = token_logprob(out, token, self.logprobs)  # type: ignore[arg-type]
+        return token
 
     def _run(self) -> Iterator[Piece]:
         session, stats = self.session, self.stats

@@ -42,7 +42,8 @@ class Session:
     nothing: its graphs, steps and host buffers exist from the start.
 
     ``capture_prefill=False`` keeps prefill graphs out of graph capture (decode is always
-    eligible; a backend captures a step only once it has run a few times)."""
+    eligible; a backend captures a step only once it has run a few times). ``slot`` picks the
+    KV cache: sessions of one runtime on different slots hold different sequences."""
 
     def __init__(
         self,
@@ -52,6 +53,7 @@ class Session:
         n_batch: int = DEFAULT_BATCH,
         *,
         capture_prefill: bool = True,
+        slot: int = 0,
     ) -> None:
         if n_batch < 1:
             raise ValueError(f"n_batch must be >= 1, got {n_batch}")
@@ -61,6 +63,7 @@ class Session:
         self.n_batch = min(n_batch, n_ctx)
         self.n_vocab = graphs.spec.n_vocab
         self.capture_prefill = None if capture_prefill else False
+        self.slot = slot  # whose KV caches: sessions of one runtime on other slots are independent
         self._ids_held = np.zeros(n_ctx, np.int32)  # what the cache holds, position by position
         self.n_tokens = 0  # positions the cache holds
         self.reused = 0  # prompt tokens the last prefill took from the cache
@@ -108,7 +111,7 @@ class Session:
 
     def _graph_params(self, n: int, n_out: int, greedy: bool) -> GraphParams:
         output = "argmax" if greedy else "logits"
-        return GraphParams(n_tokens=n, n_ctx=self.n_ctx, n_out=n_out, output=output)
+        return GraphParams(n_tokens=n, n_ctx=self.n_ctx, n_out=n_out, output=output, slot=self.slot)
 
     def _run(self, tokens: np.ndarray, start: int, n_out: int, greedy: bool) -> Step:
         step = self.runtime.step(self.graphs(self._graph_params(len(tokens), n_out, greedy)))
