@@ -292,3 +292,30 @@ def test_bad_messages(messages, message):
 def test_extra_message_keys_pass_through():
     messages = [{"role": "tool", "content": "42", "name": "calc"}]
     assert render("{{ messages[0].name }}:{{ messages[0].content }}", messages) == "calc:42"
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("{{ 'a' * 10**10 }}", "repeated 10000000000 times is too large"),
+        ("{{ [0] * 10**9 }}", "too large"),
+        ("{{ 2 ** (10**9) }}", "too large"),
+        ("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+         "{% endfor %}{{ ns.s }}", "a concatenation is too large"),
+        ("{% set ns = namespace(s=['a']) %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}"
+         "{% endfor %}{{ ns.s }}", "a concatenation is too large"),
+        ("{% for i in range(10**9) %}{% endfor %}", "MAX_RANGE"),
+        ("{% for i in range(99999) %}{{ 'x' * 999 }}{% endfor %}", "over 4194304 characters"),
+        ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}",
+         "took over 2 s"),
+    ],
+)  # fmt: skip
+def test_templates_that_would_exhaust_memory_or_time_are_stopped(source, message):
+    with pytest.raises(ChatTemplateError, match=message):
+        ChatTemplate(source).render([{"role": "user", "content": "hi"}])
+
+
+def test_message_content_is_never_template_code():
+    content = "{{ 7 * 7 }}{% for i in range(3) %}x{% endfor %}{{ ''.__class__ }}"
+    t = ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert t.render([{"role": "user", "content": content}]) == content

@@ -9,6 +9,11 @@ Templates come from the model file, so they are untrusted code: they run in Jinj
 empty. Every failure, in compiling or rendering, is a ``ChatTemplateError`` naming the
 template's line.
 
+A template is also bounded in what it costs: a render stops with that error past
+``MAX_RENDER_S`` seconds or ``MAX_OUTPUT`` characters of prompt, and ``*``/``**``/``+`` refuse
+results beyond ``MAX_VALUE`` items (``'a' * 10**10``), as ``range`` refuses huge ranges. Message
+content is data: it is never parsed as template code.
+
 A model without a template gets ChatML, as in llama.cpp (``common/chat.cpp``).
 """
 
@@ -16,6 +21,9 @@ from __future__ import annotations
 
 import json
 import numbers
+import operator
+import sys
+import time
 import types
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -62,6 +70,11 @@ class ChatTemplate:
                 f"the chat template has a syntax error at line {err.lineno} "
                 f"({_line(source, err.lineno)!r}): {err.message}; fix the template"
             ) from None
+        # the compiled code's `~` (string concatenation) joins through these: bound them too
+        code_globals = self._template.root_render_func.__globals__
+        for name in ("str_join", "markup_join"):
+            if name in code_globals:
+                code_globals[name] = _bounded_join(code_globals[name])
 
     @classmethod
     def from_metadata(
@@ -110,10 +123,14 @@ class ChatTemplate:
             "add_generation_prompt": add_generation_prompt,
         }
         try:
-            return self._template.render(context)
+            return _bounded_render(self._template, context)
         except _Refused as err:
             raise ChatTemplateError(
                 f"the chat template refused these messages{_at(err)}: {err}"
+            ) from None
+        except _OverBudget as err:
+            raise ChatTemplateError(
+                f"the chat template was stopped{_at(err)}: {err}; it is broken or hostile"
             ) from None
         except SecurityError as err:
             raise ChatTemplateError(
@@ -127,14 +144,79 @@ class ChatTemplate:
             ) from None
 
 
+MAX_RENDER_S = 2.0  # seconds a render may take
+MAX_OUTPUT = 4 << 20  # characters a render may produce
+MAX_VALUE = 1 << 20  # items (characters, list entries) one * or + may produce; digits of **
+
+
 class _Sandbox(ImmutableSandboxedEnvironment):
     """The sandbox, except that an unsafe attribute is an error at once instead of an
-    undefined value that renders as empty."""
+    undefined value that renders as empty, and that operators are bounded in size."""
+
+    intercepted_binops = frozenset({"*", "**", "+"})
 
     def unsafe_undefined(self, obj: object, attribute: str) -> jinja2.Undefined:
         raise SecurityError(
             f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe"
         )
+
+    def call_binop(self, context: object, operator_: str, left: object, right: object) -> object:
+        if operator_ == "*":
+            seq, n = (left, right) if isinstance(right, int) else (right, left)
+            sized = isinstance(seq, str | list | tuple) and isinstance(n, int)
+            if sized and len(seq) * max(n, 0) > MAX_VALUE:  # type: ignore[arg-type, operator]
+                raise SecurityError(f"a sequence repeated {n} times is too large")
+            return operator.mul(left, right)  # type: ignore[operator]
+        if operator_ == "**":
+            ints = isinstance(left, int) and isinstance(right, int) and abs(left) > 1
+            if ints and right * abs(left).bit_length() > 4 * MAX_VALUE:  # type: ignore[operator]
+                raise SecurityError(f"{left} ** {right} is too large")
+            return operator.pow(left, right)  # type: ignore[operator]
+        seqs = isinstance(left, str | list | tuple) and isinstance(right, str | list | tuple)
+        if seqs and len(left) + len(right) > MAX_VALUE:  # type: ignore[arg-type]
+            raise SecurityError("a concatenation is too large")
+        return operator.add(left, right)  # type: ignore[operator]
+
+
+def _bounded_join(join):  # type: ignore[no-untyped-def]
+    def bounded(seq):  # type: ignore[no-untyped-def]
+        parts = [str(x) for x in seq]
+        if sum(map(len, parts)) > MAX_VALUE:
+            raise SecurityError("a concatenation is too large")
+        return join(parts)
+
+    return bounded
+
+
+class _OverBudget(Exception):
+    """A render took too long or produced too much."""
+
+
+def _bounded_render(template: jinja2.Template, context: Mapping[str, object]) -> str:
+    """``template.render(context)`` within MAX_RENDER_S and MAX_OUTPUT: the deadline is checked
+    on every line the compiled template runs (a trace on its frames alone)."""
+    deadline = time.monotonic() + MAX_RENDER_S
+
+    def on_line(frame: types.FrameType, event: str, arg: object) -> object:
+        if time.monotonic() > deadline:
+            raise _OverBudget(f"rendering took over {MAX_RENDER_S:g} s")
+        return on_line
+
+    def on_call(frame: types.FrameType, event: str, arg: object) -> object:
+        return on_line if frame.f_code.co_filename == "<template>" else None
+
+    previous = sys.gettrace()
+    sys.settrace(on_call)
+    try:
+        parts, size = [], 0
+        for part in template.generate(context):
+            size += len(part)
+            if size > MAX_OUTPUT:
+                raise _OverBudget(f"the prompt would be over {MAX_OUTPUT} characters")
+            parts.append(part)
+        return "".join(parts)
+    finally:
+        sys.settrace(previous)
 
 
 class _GenerationTag(jinja2.ext.Extension):
