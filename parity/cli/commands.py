@@ -376,6 +376,30 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from parity.server.app import Server, create_app
+    except ImportError as e:
+        raise ParityError(
+            f"parity serve needs FastAPI and uvicorn ({e.name} is missing): "
+            "pip install 'parity[serve]'"
+        ) from None
+    api_key = args.api_key or os.environ.get("PARITY_API_KEY") or None
+    if args.host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        _err(f"parity serve: warning: listening on {args.host} without --api-key: anyone who "
+             "can reach this port can use the model")  # fmt: skip
+    model = _load(args)
+    name = Path(_model_ref(args)).name.removesuffix(".gguf")
+    server = Server(model, name, slots=args.slots, queue=args.queue, api_key=api_key,
+                    max_body=args.max_body)  # fmt: skip
+    _err(f"parity serve: {name} on {model.backends[0].device.id}, ctx {model.n_ctx}, "
+         f"{args.slots} slot(s), at http://{args.host}:{args.port}/v1")  # fmt: skip
+    uvicorn.run(create_app(server), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def conformance(args: argparse.Namespace) -> int:
     from parity.conformance.harness import CaseResult
     from parity.conformance.report import backend_factory, format_table, run_suite

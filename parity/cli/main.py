@@ -167,6 +167,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=commands.bench)
 
     p = sub.add_parser(
+        "serve", help="an OpenAI-compatible HTTP server (pip install 'parity[serve]')"
+    )
+    _model_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or PARITY_API_KEY)")
+    p.add_argument("--slots", type=_positive, default=1,
+                   help="KV caches, one sequence each (default 1)")  # fmt: skip
+    p.add_argument("--queue", type=_non_negative, default=16,
+                   help="requests that may wait for a slot before a 429 (default 16)")  # fmt: skip
+    p.add_argument("--max-body", type=_positive, default=1 << 20,
+                   help="largest request body in bytes (default 1 MiB)")  # fmt: skip
+    p.set_defaults(func=commands.serve)
+
+    p = sub.add_parser(
         "conformance", help="run the op conformance suite on a backend, against the cpu oracle"
     )
     p.add_argument("backend", metavar="NAME", help="the backend to check (see `parity backends`)")
