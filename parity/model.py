@@ -104,6 +104,12 @@ class Model:
 
     @property
     def name(self) -> str:
+        """The model as users name it: its registry name (the cache keeps NAME.gguf), or the
+        file's name without .gguf; the GGUF's own ``general.name`` is ``title``."""
+        return self.file.path.stem
+
+    @property
+    def title(self) -> str:
         return str(self.file.metadata.get("general.name") or self.file.path.stem)
 
     @property

@@ -150,3 +150,20 @@ def test_not_a_gguf_file(capsys, home, tmp_path):
     bad.write_bytes(b"not a model at all")
     rc, out, err = cli(capsys, "run", "-m", str(bad), "x")
     assert rc == 1 and out == "" and err.count("\n") == 1
+
+
+def test_usage_errors_are_one_line_pointing_to_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--temperature", "hot", "x"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert "invalid float value: 'hot'" in err and "(see parity run --help)" in err
+
+
+def test_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = capsys.readouterr().out
+    for default in ("(default: 256)", "(default: 0.8)", "(default: 40)", "(default: 0.95)",
+                    "(default: 0.05)"):  # fmt: skip
+        assert default in out

@@ -257,3 +257,11 @@ def test_broken_plugins_on_the_command_line(entry_points_on_path, capsys):
         assert (
             "parity: error: backend 'oldapi' is not available: its plugin 'oldapi' is broken" in err
         )
+
+
+def test_a_misspelled_plugin_name_is_a_warning_that_lists_the_installed_ones():
+    with pytest.warns(PluginWarning, match=r"names 'jaxx', which no installed plugin is; "
+                      r"installed: .*cpu.*cuda"):  # fmt: skip
+        plugin_manager(env={"PARITY_PLUGINS": "jaxx"})
+    with pytest.warns(PluginWarning, match="'nope'"):
+        plugin_manager(env={"PARITY_PLUGINS": "-nope"})

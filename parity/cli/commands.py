@@ -248,12 +248,15 @@ def tokenize(args: argparse.Namespace) -> int:
 
 
 def backends(args: argparse.Namespace) -> int:
-    from parity.core.plugins import load_backends
+    from parity.core.plugins import PluginFilterWarning, load_backends
     from parity.core.tiers import backend_manifest
 
-    with warnings.catch_warnings(record=True):
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         registry = load_backends()  # broken plugins are listed below, not warned about
+    for w in caught:
+        if issubclass(w.category, PluginFilterWarning):
+            _err(f"parity: warning: {w.message}")
     if args.explain:
         return _explain(args)
     rows = []
@@ -391,7 +394,7 @@ def serve(args: argparse.Namespace) -> int:
         _err(f"parity serve: warning: listening on {args.host} without --api-key: anyone who "
              "can reach this port can use the model")  # fmt: skip
     model = _load(args)
-    name = Path(_model_ref(args)).name.removesuffix(".gguf")
+    name = model.name
     server = Server(model, name, slots=args.slots, queue=args.queue, api_key=api_key,
                     max_body=args.max_body)  # fmt: skip
     _err(f"parity serve: {name} on {model.backends[0].device.id}, ctx {model.n_ctx}, "

@@ -7,6 +7,7 @@ import argparse
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import NoReturn
 
 from parity.cli import commands
 from parity.errors import ParityError
@@ -85,26 +86,49 @@ def _model_options(p: argparse.ArgumentParser, *, runtime: bool = True) -> None:
 
 def _sampling_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("-n", "--max-tokens", type=_non_negative, default=256)
+    g.add_argument("-n", "--max-tokens", type=_non_negative, default=256, help="tokens to generate")
     g.add_argument("-t", "--temperature", type=float, default=0.8, help="0: greedy")
     g.add_argument("--top-k", type=_non_negative, default=40, help="0: off")
     g.add_argument("--top-p", type=float, default=0.95, help="1: off")
     g.add_argument("--min-p", type=float, default=0.05, help="0: off")
     g.add_argument("--repeat-penalty", type=float, default=1.0, help="1: off")
-    g.add_argument("--repeat-last-n", type=int, default=64)
-    g.add_argument("--seed", type=int, help="default: random")
+    g.add_argument("--repeat-last-n", type=int, default=64, help="tokens the penalty looks at")
+    g.add_argument("--seed", type=int, help="random when not given")
     g.add_argument("--stop", action="append", default=[], help="stop before this text (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-text")
 
 
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Help with each option's default, where it has one worth saying."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        d = action.default
+        if d is None or d is False or d == [] or d is argparse.SUPPRESS or not action.help:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line with a pointer to --help; every --help shows the defaults."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="parity",
         description="Run GGUF language models on pluggable backends checked against a "
         "bit-exact CPU oracle.",
     )
     parser.add_argument("-V", "--version", action="version", version=commands.version())
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
 
     p = sub.add_parser("run", help="continue a prompt; prints only the generated text")
     p.add_argument("prompt", nargs="?", help="the prompt (default or '-': read stdin)")

@@ -29,7 +29,11 @@ DEFAULT_PLUGINS = {"cpu": "parity.backends.cpu", "cuda": "parity.backends.cuda"}
 
 
 class PluginWarning(UserWarning):
-    """A plugin could not be loaded; the rest of parity still works."""
+    """A plugin could not be loaded, or PARITY_PLUGINS names none; the rest of parity works."""
+
+
+class PluginFilterWarning(PluginWarning):
+    """``PARITY_PLUGINS`` names a plugin that is not installed (a typo hides nothing)."""
 
 
 @attrs.define
@@ -80,8 +84,10 @@ def plugin_manager(
     for name, target in DEFAULT_PLUGINS.items():
         if wanted(name):
             pm.register(importlib.import_module(target), name=name)
+    installed = {*DEFAULT_PLUGINS}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         name = ep.name
+        installed.add(name)
         if name == "cpu" or not wanted(name):
             continue
         if pm.has_plugin(name):
@@ -99,6 +105,15 @@ def plugin_manager(
             if pm.has_plugin(name):
                 pm.unregister(name=name)
             broken[name] = f"rejected: {type(e).__name__}: {e}"
+    unknown = sorted(((include or set()) | exclude) - installed)
+    if unknown:
+        warnings.warn(
+            PluginFilterWarning(
+                f"{ENV_VAR} names {', '.join(map(repr, unknown))}, which no installed plugin "
+                f"is; installed: {', '.join(sorted(installed))}"
+            ),
+            stacklevel=2,
+        )
     return pm, broken
 
 
