@@ -167,3 +167,35 @@ def test_help_shows_the_defaults(capsys):
     for default in ("(default: 256)", "(default: 0.8)", "(default: 40)", "(default: 0.95)",
                     "(default: 0.05)"):  # fmt: skip
         assert default in out
+
+
+def test_chat_commands_multiline_and_a_stopped_reply(capsys, model_path, monkeypatch):
+    """/help and an unknown /command go to stderr, not the model; a \"\"\" block is one
+    message; //text sends /text; Ctrl-C in a reply stops it and the chat goes on with it."""
+    import io
+
+    import parity.model as model_module
+    from parity.cli import commands
+
+    asked: list[list[dict]] = []  # the messages of each reply
+    real_chat, real_stream = model_module.Model.chat, commands._stream
+
+    def chat(self, messages, **options):
+        asked.append([dict(m) for m in messages])
+        return real_chat(self, messages, **options)
+
+    def stream(gen):
+        if len(asked) == 1:
+            raise KeyboardInterrupt  # Ctrl-C during the first reply
+        real_stream(gen)
+
+    monkeypatch.setattr(model_module.Model, "chat", chat)
+    monkeypatch.setattr(commands, "_stream", stream)
+    script = 'hi\n/bogus\n/help\n"""\nline one\nline two\n"""\n//slash\n'
+    monkeypatch.setattr("sys.stdin", io.StringIO(script))
+    rc, _, err = cli(capsys, "chat", "-m", model_path, "-b", "cpu", "--ctx", "128", "-n", "3")
+    assert rc == 0
+    assert "[stopped]" in err and "[unknown command /bogus" in err and "/reset" in err
+    users = [[m["content"] for m in h if m["role"] == "user"] for h in asked]
+    assert users == [["hi"], ["hi", "line one\nline two"], ["hi", "line one\nline two", "/slash"]]
+    assert [m["role"] for m in asked[1]] == ["user", "assistant", "user"]  # the stopped reply

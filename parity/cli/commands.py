@@ -144,6 +144,36 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+CHAT_HELP = """commands:
+  /help     this list
+  /reset    forget the conversation (the system prompt stays)
+  /exit     quit (also /quit, or Ctrl-D)
+  \"\"\"       on a line of its own: start or end a multi-line message
+  //text    send a message that begins with a slash ("/text")
+Ctrl-C stops a reply and keeps the conversation."""
+
+
+def _chat_input(interactive: bool) -> str | None:
+    """One message: a line, or the lines between two \"\"\" lines. None at the end of input."""
+
+    def line(prompt: str) -> str | None:
+        try:
+            got = input(prompt) if interactive else sys.stdin.readline()
+        except EOFError:
+            return None
+        if not interactive and not got:
+            return None
+        return got.rstrip("\n")
+
+    first = line("> ")
+    if first is None or first.strip() != '"""':
+        return first
+    lines: list[str] = []
+    while (more := line(". ")) is not None and more.strip() != '"""':
+        lines.append(more)
+    return "\n".join(lines)
+
+
 def chat(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
     model = _load(args)
@@ -151,29 +181,38 @@ def chat(args: argparse.Namespace) -> int:
     if interactive:
         import readline  # noqa: F401  (line editing and history for input())
 
-        _err(f"chatting with {model.name}; /reset clears the history, /exit or Ctrl-D quits")
+        _err(f"chatting with {model.name}; /help lists the commands, /exit or Ctrl-D quits")
     history: list[dict[str, str]] = []
     if args.system:
         history.append({"role": "system", "content": args.system})
     first_turn = len(history)
     while True:
         try:
-            line = input("> ") if interactive else sys.stdin.readline()
-        except EOFError:
-            line = ""
-        if not line:  # end of input
+            message = _chat_input(interactive)
+        except KeyboardInterrupt:  # at the prompt: a fresh line, as a shell does
+            _err("\n[/exit or Ctrl-D quits]")
+            continue
+        if message is None:  # end of input
             if interactive:
                 _err()
             return 0
-        text = line.strip()
+        text = message.strip()
         if not text:
             continue
-        if text in ("/exit", "/quit"):
-            return 0
-        if text == "/reset":
-            del history[first_turn:]
-            _err("[history cleared]")
+        if text.startswith("/") and not text.startswith("//"):
+            command = text.split()[0]
+            if command in ("/exit", "/quit"):
+                return 0
+            if command == "/reset":
+                del history[first_turn:]
+                _err("[history cleared]")
+            elif command == "/help":
+                _err(CHAT_HELP)
+            else:
+                _err(f"[unknown command {command}; /help lists them, //text sends /text]")
             continue
+        if text.startswith("//"):
+            text = text[1:]
         history.append({"role": "user", "content": text})
         gen = model.chat(
             history,
@@ -182,11 +221,14 @@ def chat(args: argparse.Namespace) -> int:
             stop=args.stop,
             ignore_eos=args.ignore_eos,
         )
-        _stream(gen)
+        try:
+            _stream(gen)
+        except KeyboardInterrupt:  # the reply stops here; the conversation goes on
+            _err("\n[stopped]")
         sys.stdout.write("\n")
         sys.stdout.flush()
         history.append({"role": "assistant", "content": gen.text})
-        if args.verbose:
+        if args.verbose and gen.finish_reason is not None:
             _report(gen)
 
 
