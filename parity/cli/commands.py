@@ -239,7 +239,7 @@ def pull(args: argparse.Namespace) -> int:
     from parity.hub.registry import pull as pull_model
 
     for name in args.names:
-        path = pull_model(name, force=args.force, stream=sys.stderr)
+        path = pull_model(name, force=args.force, stream=sys.stderr, verbose=args.verbose)
         if args.print_path:
             print(path)
     return 0

@@ -149,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("names", nargs="+", metavar="NAME")
     p.add_argument("--print-path", action="store_true", help="print the cached file's path")
     p.add_argument("--force", action="store_true", help="download again even if cached")
+    p.add_argument("-v", "--verbose", action="store_true", help="show pip's own log")
     p.set_defaults(func=commands.pull)
 
     p = sub.add_parser("models", help="list known and cached models")

