@@ -225,3 +225,34 @@ def test_attention_signed_zero_chunks() -> None:
     got = jit_ops.attention_op(q, k, v, pos, arg=AttentionArg(4, 2, 64, 0.125))
     same_bits(got, ops.attention(q, k, v, pos, n_head=4, n_head_kv=2, head_dim=64, scale=0.125))
     assert np.signbit(got[:, 0]).tolist() == [False, True, False]
+
+
+def test_compiling_is_announced_once_and_timed(monkeypatch):
+    """Every real compile (the first model's, or a quant type met later) is covered by the
+    notice; nested and later compiles add to the time reported at exit."""
+    import io
+
+    import numba
+
+    from parity.backends.cpu.jit import compile as jit_compile
+
+    out = io.StringIO()
+    notice = jit_compile._CompileNotice(out)
+    numba.core.event.register("numba:compile", notice)
+    try:
+
+        @numba.njit(cache=False)
+        def helper(x):
+            return x + 1
+
+        @numba.njit(cache=False)
+        def outer(x):
+            return helper(x) * 2
+
+        assert outer(3) == 8 and outer(4) == 10 and helper(1.5) == 2.5
+    finally:
+        numba.core.event.unregister("numba:compile", notice)
+    notice.report()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("parity: compiling cpu kernels")
+    assert lines[1].startswith("parity: cpu kernels compiled in ") and notice.total > 0

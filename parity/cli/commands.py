@@ -59,11 +59,6 @@ def _load(args: argparse.Namespace, *, n_ctx: int | None = None, **options: bool
         config=args.config,
         **options,
     )
-    if any(getattr(b, "kernel_mode", None) == "numba" for b in model.backends):
-        from parity.backends.cpu.jit.compile import cache_is_warm
-
-        if not cache_is_warm():
-            _err("[first run: compiling the cpu kernels, about 20-30 s; later runs reuse them]")
     if getattr(args, "verbose", False):
         _err(
             f"[{model.name} on {model.backends[0].device.id}, ctx {model.n_ctx}, "

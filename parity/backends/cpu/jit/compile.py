@@ -13,13 +13,22 @@
   under the first writable one of ``NUMBA_CACHE_DIR``, this package's ``__pycache__`` and
   ``$XDG_CACHE_HOME/parity`` (``~/.cache/parity``); with none writable (a read-only install
   and home) the kernels compile at every start, after one warning.
+
+Whenever numba actually compiles (not when it loads cached code), one line on stderr says so
+before the first wait of the process, and one at exit how long compiling took: the first
+model, and every quant type or shape first met later, gets the notice
+(``PARITY_COMPILE_NOTICE=0`` silences it).
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
+import sys
 import tempfile
+import threading
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -63,9 +72,47 @@ def _cache_dir() -> str | None:
 CACHE_DIR = _cache_dir()
 
 
-def cache_is_warm() -> bool:
-    """Whether compiled kernels are already on disk (else the first run compiles them)."""
-    return CACHE_DIR is not None and any(Path(CACHE_DIR).rglob("*.nbi"))
+class _CompileNotice(numba.core.event.Listener):
+    """Says on stderr, once a process, when numba starts compiling, and at exit how long all
+    of it took (compiles nest: a kernel compiles the helpers it calls; only the outermost ones
+    are timed)."""
+
+    def __init__(self, stream=None) -> None:  # type: ignore[no-untyped-def]
+        self.stream = stream
+        self.depth = 0
+        self.t0 = 0.0
+        self.total = 0.0
+        self.announced = False
+        self.lock = threading.Lock()
+
+    def _write(self, text: str) -> None:
+        print(text, file=self.stream or sys.stderr, flush=True)
+
+    def on_start(self, event: Any) -> None:
+        with self.lock:
+            self.depth += 1
+            if self.depth == 1:
+                self.t0 = time.perf_counter()
+                if not self.announced:
+                    self.announced = True
+                    self._write("parity: compiling cpu kernels for what this run meets first "
+                                "(20-30 s for a new model; later runs reuse them)")  # fmt: skip
+
+    def on_end(self, event: Any) -> None:
+        with self.lock:
+            self.depth -= 1
+            if self.depth == 0:
+                self.total += time.perf_counter() - self.t0
+
+    def report(self) -> None:
+        if self.announced:
+            self._write(f"parity: cpu kernels compiled in {self.total:.1f} s")
+
+
+NOTICE = _CompileNotice()
+if os.environ.get("PARITY_COMPILE_NOTICE", "1") != "0":  # read once, at import
+    numba.core.event.register("numba:compile", NOTICE)
+    atexit.register(NOTICE.report)
 
 
 def kernel(parallel: bool = False, inline: bool = False) -> Callable[[Callable], Any]:
