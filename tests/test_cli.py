@@ -44,9 +44,11 @@ def test_run_prints_only_the_generated_text(capsys, model_path):
     # nothing on stderr but, with a cold numba cache, the compile notice
     assert rc == 0 and all(line.startswith("parity: compil") for line in err.splitlines()), err
     rc, js, _ = cli(capsys, *base, "--ignore-eos", "--json", "hello there")
-    result = json.loads(js)
+    *pieces, result = [json.loads(line) for line in js.splitlines()]
     assert out == result["text"] and len(result["tokens"]) == 6
     assert result["finish_reason"] == "length"
+    assert "".join(p["text"] for p in pieces) == out  # streamed: one object per piece
+    assert [p["token"] for p in pieces if p["token"] is not None] == result["tokens"]
 
 
 def test_run_verbose_reports_on_stderr(capsys, model_path):

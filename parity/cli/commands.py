@@ -114,8 +114,10 @@ def run(args: argparse.Namespace) -> int:
         stop=args.stop,
         ignore_eos=args.ignore_eos,
     )
-    if args.json:
-        gen.complete()
+    if args.json:  # one object per piece as it comes, then the whole with its stats
+        for piece in gen:
+            print(json.dumps({"text": piece.text, "token": piece.token}, ensure_ascii=False),
+                  flush=True)  # fmt: skip
         s = gen.stats
         print(
             json.dumps(

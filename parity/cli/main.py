@@ -134,7 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", nargs="?", help="the prompt (default or '-': read stdin)")
     _model_options(p)
     _sampling_options(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="a JSON line per piece of text, then one with the whole and its stats",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="timings on stderr")
     p.set_defaults(func=commands.run)
 
