@@ -48,6 +48,8 @@ def _load(args: argparse.Namespace, *, n_ctx: int | None = None, **options: bool
     """Open the model on the configured backends, reporting the load on stderr if verbose."""
     from parity.model import load
 
+    if getattr(args, "threads", None) is not None:  # -j N: this process's PARITY_THREADS
+        os.environ["PARITY_THREADS"] = str(args.threads)
     t0 = time.perf_counter()
     model = load(
         _model_ref(args),

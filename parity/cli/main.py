@@ -74,6 +74,9 @@ def _model_options(p: argparse.ArgumentParser, *, runtime: bool = True) -> None:
         return
     g.add_argument("-b", "--backend", help="backend name, or auto (default: from config)")
     g.add_argument("--device", type=_device_arg, help="device of the backend: 1 or cuda:1")
+    g.add_argument("-j", "--threads", type=_positive,
+                   help="cpu threads, fixed (or PARITY_THREADS; default: up to every core, "
+                   "fewer while that is faster, as under a competing load)")  # fmt: skip
     g.add_argument("--numerics", choices=("exact", "fast"), help="default: exact")
     g.add_argument(
         "--strict", action="store_true", default=None, help="fail instead of falling back to cpu"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -33,6 +34,7 @@ import numpy as np
 
 from parity import quant
 from parity.backends.cpu import attention_tiled, kernel_choice, memory, ops
+from parity.backends.cpu.threads import ThreadGovernor
 from parity.core.backend import Availability, Backend, Buffer, Device, Executable, Split
 from parity.core.dtypes import DType
 from parity.core.fusion import PASSES, fuse
@@ -178,7 +180,9 @@ class CpuBackend(Backend):
                 "the cpu backend takes kernels and threads"
             )
         self.kernel_mode = kernel_choice.choose_mode(kernels, self.options, os.environ)
-        self.threads = kernel_choice.choose_threads(threads, self.options, self.kernel_mode)
+        self.threads, self.threads_fixed = kernel_choice.choose_threads(
+            threads, self.options, self.kernel_mode, os.environ
+        )
         self.ops = dict(self.kernels)
         self._native = frozenset(op for op, fn in self.ops.items() if fn is KERNELS.get(op))
         self._writers: Mapping[Op, Callable[..., None]] = {}
@@ -192,6 +196,7 @@ class CpuBackend(Backend):
 
             self._writers = {op: fn for op, fn in jit_ops.WRITERS.items() if op in self._native}
             self._set_threads = numba.set_num_threads
+        self._governor = ThreadGovernor(self.threads, fixed=self.threads_fixed)
         self._forms: dict[tuple[str, str], Any] = {}
         self._arena = memory.Arena()
 
@@ -409,11 +414,19 @@ class CpuBackend(Backend):
     def execute(self, executable: CpuExecutable) -> None:
         if executable.generation != self._arena.generation:
             self._bind(executable)
-        if self._set_threads is not None:
-            self._set_threads(self.threads)  # numba's setting is per calling thread
-        with np.errstate(all="ignore"):  # overflow to inf, 0 * inf = NaN: IEEE, as contracted
+        if self._set_threads is None:
+            with np.errstate(all="ignore"):  # overflow to inf, 0 * inf = NaN: IEEE, contracted
+                for call in executable.bound:
+                    call()
+            return
+        key = id(executable)
+        n = self._governor.threads(key)
+        self._set_threads(n)  # numba's setting is per calling thread
+        t0 = time.perf_counter()
+        with np.errstate(all="ignore"):
             for call in executable.bound:
                 call()
+        self._governor.record(key, n, time.perf_counter() - t0)
 
     def close(self) -> None:
         self._forms.clear()

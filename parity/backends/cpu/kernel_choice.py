@@ -6,8 +6,9 @@ definition with numpy kernels that are faster than it; ``numba`` runs the same o
 compiled (``jit/``). All three give the same bits. The choice, highest precedence first: the
 ``kernels=`` constructor argument, ``PARITY_CPU_KERNELS``, the config file's
 ``[backends.cpu] kernels = ...``, then ``numba`` when it can be imported, else ``numpy``.
-``threads`` (argument, then ``[backends.cpu] threads``) defaults to every core numba may use;
-results never depend on it.
+``threads`` (argument, ``PARITY_THREADS``, then ``[backends.cpu] threads``) fixes the count;
+left out, every core numba may use is the ceiling and the thread governor (``threads.py``) runs
+each short step on as many as turn out faster. Results never depend on it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from parity.errors import ConfigError
 
 ENV = "PARITY_CPU_KERNELS"
+THREADS_ENV = "PARITY_THREADS"
 MODES = ("numba", "numpy", "definition")
 
 
@@ -56,21 +58,27 @@ def choose_mode(requested: str | None, options: Mapping[str, Any], env: Mapping[
     return "numba"
 
 
-def choose_threads(requested: int | None, options: Mapping[str, Any], mode: str) -> int:
-    """Threads for the numba kernels (1 otherwise: numpy's BLAS has its own settings)."""
+def choose_threads(
+    requested: int | None, options: Mapping[str, Any], mode: str, env: Mapping[str, str] = {}
+) -> tuple[int, bool]:
+    """Threads for the numba kernels (1 otherwise: numpy's BLAS has its own settings), and
+    whether that count is fixed (given) or a ceiling the thread governor may go below."""
     value, where = requested, "threads={!r} (argument)"
+    if value is None and env.get(THREADS_ENV):
+        raw = env[THREADS_ENV]
+        value, where = (int(raw) if raw.strip().isdigit() else raw), THREADS_ENV + "={!r}"
     if value is None:
         value, where = options.get("threads"), "[backends.cpu] threads = {!r}"
     if mode != "numba":
-        return 1
+        return 1, True
     import numba
 
     most = numba.config.NUMBA_NUM_THREADS
     if value is None:
-        return most
+        return most, False
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
         raise ConfigError(
             f"{where.format(value)}: use a whole number from 1 to {most} "
             "(numba's thread limit, NUMBA_NUM_THREADS)"
         )
-    return value
+    return value, True
