@@ -451,17 +451,30 @@ def conformance(args: argparse.Namespace) -> int:
 
     factory = backend_factory(load_backends(), args.backend, args.device)
 
+    bar = None
+    if not args.verbose and sys.stderr.isatty():  # a long run shows where it is
+        from tqdm import tqdm
+
+        bar = tqdm(desc=f"conformance {args.backend}", unit=" cases", file=sys.stderr,
+                   leave=False)  # fmt: skip
+
     def progress(r: CaseResult) -> None:
         if args.verbose:
             _err(f"{r.verdict:<11} {r.case}")
+        elif bar is not None:
+            bar.update(1)
 
-    results = run_suite(
-        factory,
-        patterns=args.patterns,
-        case_files=args.cases,
-        suite=bool(args.patterns) or not args.cases,
-        progress=progress,
-    )
+    try:
+        results = run_suite(
+            factory,
+            patterns=args.patterns,
+            case_files=args.cases,
+            suite=bool(args.patterns) or not args.cases,
+            progress=progress,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
     if not results:
         raise ParityError(f"no case matches {', '.join(args.patterns)}; see `parity conformance "
                           f"{args.backend} --json` for the case ids")  # fmt: skip
