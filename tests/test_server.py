@@ -170,6 +170,20 @@ def test_stop_strings_and_unknown_fields(server, reference):
         assert r.choices[0].finish_reason == "stop"
 
 
+def test_a_growing_chat_reuses_its_slots_cache(server):
+    client = server.client()
+    turns = [{"role": "system", "content": "be brief and kind"},
+             {"role": "user", "content": "hello there"}]  # fmt: skip
+    first = client.chat.completions.create(model=NAME, messages=turns, max_tokens=6,
+                                           temperature=0)  # fmt: skip
+    turns += [{"role": "assistant", "content": first.choices[0].message.content},
+              {"role": "user", "content": "and again"}]  # fmt: skip
+    second = client.chat.completions.create(model=NAME, messages=turns, max_tokens=6,
+                                            temperature=0)  # fmt: skip
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens - 1  # the first turn was not evaluated again
+
+
 # -- concurrency -----------------------------------------------------------------------------
 
 
@@ -291,6 +305,27 @@ def test_bad_requests_get_openai_errors(server, path, body, status, code):
 def test_the_client_sees_a_context_error_as_a_bad_request(server):
     with pytest.raises(openai.BadRequestError, match="context"):
         server.client().completions.create(model=NAME, prompt="hello " * 300, max_tokens=4)
+
+
+def test_a_hostile_chat_template_is_a_clear_400(tmp_path):
+    spec, weights = synthetic_model(tiny_spec("llama"), seed=5)
+    path = tmp_path / "hostile.gguf"
+    write_model_gguf(path, spec, weights, tokenizer=tiny_bpe_tokenizer(),
+                     chat_template="{{ 'a' * 10**10 }}")  # fmt: skip
+    s = Served(str(path))
+    try:
+        r = httpx.post(s.url + "/v1/chat/completions",
+                       json={"messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+        assert r.status_code == 400 and r.json()["error"]["code"] == "chat_template_error"
+        assert "too large" in r.json()["error"]["message"]
+    finally:
+        assert "Traceback" not in s.stop()
+
+
+def test_binding_beyond_loopback_without_a_key_warns(model_path):
+    s = Served(model_path, "--host", "0.0.0.0")
+    out = s.stop()
+    assert "without --api-key" in out and "Traceback" not in out
 
 
 def test_api_key(model_path):

@@ -234,8 +234,10 @@ class _Answer:
         gen = self.job.generation
         prompt = len(self.job.prompt)
         done = len(gen.tokens) if gen is not None else 0
+        cached = gen.stats.reused_tokens if gen is not None else 0  # the slot's prefix reuse
         return {"prompt_tokens": prompt, "completion_tokens": done,
-                "total_tokens": prompt + done}  # fmt: skip
+                "total_tokens": prompt + done,
+                "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
 
     def _logprobs(self, lp: TokenLogprob | None) -> Any:
         if lp is None:
