@@ -59,10 +59,14 @@ def choose_mode(requested: str | None, options: Mapping[str, Any], env: Mapping[
 
 
 def choose_threads(
-    requested: int | None, options: Mapping[str, Any], mode: str, env: Mapping[str, str] = {}
+    requested: int | None,
+    options: Mapping[str, Any],
+    mode: str,
+    env: Mapping[str, str] | None = None,
 ) -> tuple[int, bool]:
     """Threads for the numba kernels (1 otherwise: numpy's BLAS has its own settings), and
     whether that count is fixed (given) or a ceiling the thread governor may go below."""
+    env = env or {}
     value, where = requested, "threads={!r} (argument)"
     if value is None and env.get(THREADS_ENV):
         raw = env[THREADS_ENV]
