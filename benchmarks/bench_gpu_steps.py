@@ -34,6 +34,11 @@ def main() -> None:
         help="profile the first decode step after a 512-token prefill",
     )
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after loading")
+    ap.add_argument(
+        "--host-profile",
+        action="store_true",
+        help="where a steady greedy decode step's host time goes (cProfile, by own time)",
+    )
     args = ap.parse_args()
     model = parity.load(args.model, backend=args.backend, n_ctx=args.ctx, verify_capture=True)
     if args.gc_freeze:
@@ -42,6 +47,9 @@ def main() -> None:
         gc.freeze()
     if args.first_step:
         first_step(model)
+        return
+    if args.host_profile:
+        host_profile(model)
         return
     import torch
 
@@ -195,6 +203,28 @@ def first_step(model, prompt_tokens: int = 512, runs: int = 3) -> None:
     text = io.StringIO()
     pstats.Stats(state["profile"], stream=text).sort_stats("cumulative").print_stats(18)
     print(text.getvalue()[-4000:])
+
+
+def host_profile(model, steps: int = 200) -> None:
+    """Greedy decode after a 1-token prompt; the steps after the first 16 run under cProfile."""
+    import cProfile
+    import io
+    import pstats
+
+    gen = model.generate([1], max_tokens=steps + 16, temperature=0.0, ignore_eos=True)
+    it = iter(gen)
+    for _ in range(16):
+        next(it)
+    profiler = cProfile.Profile()
+    t0 = time.perf_counter()
+    profiler.enable()
+    n = sum(1 for _ in it)
+    profiler.disable()
+    print(f"host profile: {n} steps, {(time.perf_counter() - t0) / n * 1e3:.3f} ms a step "
+          "(profiled)")  # fmt: skip
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+    print(text.getvalue()[-6000:])
 
 
 def kernel_times(exe, backend, torch, runs: int = 10) -> dict:

@@ -8,8 +8,11 @@
 #                                        CUDA build compiles
 #   bash benchmarks/gpu_bench.sh bench   parity beside llama.cpp on the twins: decode at depth 0
 #                                        and 512, prefill 512, first step, kernels per step
+#                                        (LLAMA=0: parity alone)
+#   bash benchmarks/gpu_bench.sh quick   the kernel tests (every op, the gpu-marked tests),
+#                                        conformance, then `bench` with LLAMA=0 and a host profile
 set -u
-stage=${1:?usage: gpu_bench.sh check|bench}
+stage=${1:?usage: gpu_bench.sh check|bench|quick}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .wheels/*.whl || exit 1
 export PYTHONPATH=/tmp/site XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -19,6 +22,21 @@ models="smollm2-135m qwen2.5-coder-0.5b"
 for m in $models; do
   [ -f /tmp/$m.gguf ] || python3 .peer/twin.py .peer/headers/$m.header.bin /tmp/$m.gguf >/dev/null
 done
+if [ "$stage" = quick ]; then
+  echo "== kernel tests"
+  timeout 200 python3 -m pytest -q -x --tb=short -p no:cacheprovider tests/test_backend_ops.py \
+    --backend cuda 2>&1 | tee "$out/ops_tests.txt" | tail -3
+  echo "== parity conformance cuda"
+  timeout 150 python3 -m parity conformance cuda 2>&1 | tee "$out/conformance.txt" | tail -3
+  echo "== gpu tests"
+  timeout 200 python3 -m pytest -q -x --tb=short -p no:cacheprovider tests/test_cuda_backend.py \
+    2>&1 | tee "$out/gpu_tests.txt" | tail -3
+  for m in $models; do
+    timeout 60 python3 benchmarks/bench_gpu_steps.py /tmp/$m.gguf --host-profile 2>&1 | head -40
+  done > "$out/host_profile.txt"
+  LLAMA=0 bash "$0" bench
+  exit 0
+fi
 if [ "$stage" = check ]; then
   (bash .peer/llamacpp-cuda.sh build > "$out/lcpp_build.txt" 2>&1; echo "build rc $?" >> "$out/lcpp_build.txt") &
   build=$!
@@ -45,6 +63,7 @@ for m in $models; do
   for freeze in "" --gc-freeze; do
     timeout 60 python3 benchmarks/bench_gpu_steps.py /tmp/$m.gguf --first-step $freeze 2>&1 | head -3
   done
+  [ "${LLAMA:-1}" = 0 ] && continue
   echo "== llama.cpp $m (n_prompt n_gen n_depth tok/s stddev)"
   timeout 120 bash .peer/llamacpp-cuda.sh bench /tmp/$m.gguf -d 0,512 2>/dev/null \
     | python3 -c "import json,sys; [print(r['n_prompt'], r['n_gen'], r.get('n_depth', 0), round(r['avg_ts'],1), round(r['stddev_ts'],1)) for r in json.load(sys.stdin)]"

@@ -32,9 +32,11 @@ from parity.backends.cuda.driver import (
 from parity.backends.gpu.runtime import Q8Value
 from parity.core.dtypes import DType
 from parity.core.ir import Graph, Node, Op
+from parity.errors import BackendError
 
 GEMV_TOKENS = (1, 2, 4, 8)  # token counts of the GEMV instantiations; more tokens: GEMM
 GEMV_WARPS = 4
+GEMV_MAX_ROUNDS = 128  # rounds of 32 sub-blocks a warp's TREE holds (matmul.cu's GEMV_MAXL)
 GEMM_TILE = {False: (32, 64), True: (32, 32)}  # (rows, tokens) per block; gated: fewer tokens
 ATTENTION_DIMS = (64, 128, 256)
 EPI_BIAS, EPI_RESIDUAL, EPI_SWIGLU = 1, 2, 4
@@ -47,6 +49,18 @@ CHUNKS_ONE_LAUNCH = 32  # ... in one launch for caches of at most this many chun
 
 def grid1(n: int, per: int = 256, cap: int = 65535) -> tuple[int, int, int]:
     return (max(1, min(cap, -(-n // per))), 1, 1)
+
+
+def gemv_warps_per_row(dtype: DType, k: int) -> int:
+    """Warps computing one output row of a quantized GEMV (matmul.cu's WPR): one per round of 32
+    sub-blocks of the row's TREE, up to GEMV_WARPS, so long rows spread over a block."""
+    rounds = max(1, next_pow2(k // (16 if dtype is DType.Q6_K else 32)) // 32)
+    if rounds > GEMV_MAX_ROUNDS * GEMV_WARPS:
+        raise BackendError(
+            f"a {dtype.name} product over K = {k} is wider than the cuda GEMV's TREE holds "
+            f"({GEMV_MAX_ROUNDS * GEMV_WARPS * 32} sub-blocks)"
+        )
+    return min(GEMV_WARPS, rounds)
 
 
 def tree_levels(width: int) -> int:
@@ -418,17 +432,19 @@ class Lowering:
         if t <= GEMV_TOKENS[-1]:
             tmax = next(c for c in GEMV_TOKENS if c >= t)
             block = (32 * GEMV_WARPS, 1, 1)
+            wpr = gemv_warps_per_row(w.dtype, k)
+            grid = (-(-n // (GEMV_WARPS // wpr)), 1, 1)
+            kind = f"{w.dtype.value}, {tmax}, {epi}, {wpr}"
             if q8 is not None and n % 32 == 0:
                 tickets = self.new_scratch(DType.I32, (n // 32,))
                 self.out.scratch.append(tickets)
                 oq, od, os_ = self._q8_parts(q8)
-                self._launch("matmul.cu", f"gemv_q_q8<{w.dtype.value}, {tmax}, {epi}>",
-                             (-(-n // GEMV_WARPS), 1, 1), block,
+                self._launch("matmul.cu", f"gemv_q_q8<{kind}>", grid, block,
                              [pointer(out), xq, *common, pointer(oq), pointer(od), pointer(os_),
                               pointer(tickets)])  # fmt: skip
                 return True
-            self._launch("matmul.cu", f"gemv_q<{w.dtype.value}, {tmax}, {epi}>",
-                         grid1(n, GEMV_WARPS), block, [pointer(out), xq, *common])  # fmt: skip
+            self._launch("matmul.cu", f"gemv_q<{kind}>", grid, block,
+                         [pointer(out), xq, *common])  # fmt: skip
             return False
         sub = 16 if w.dtype is DType.Q6_K else 32
         maxl = max(6, tree_levels(next_pow2(k // sub)))
@@ -481,6 +497,7 @@ class Lowering:
         slots = [*first_two, third]
         first = nodes[group[0]]
         t, k = first.shape[0], nodes[first.src[1]].shape[1]
+        wpr = min(gemv_warps_per_row(nodes[nodes[i].src[1]].dtype, k) for i in group)
         segs = GemvSegsArg()
         for name, i in zip(("s0", "s1", "s2"), slots, strict=True):
             if i is None:
@@ -492,14 +509,15 @@ class Lowering:
             seg.bias = self._ptr(node.src[2]).value if len(node.src) == 3 else None
             seg.row_bytes = nodes[node.src[1]].dtype.nbytes(k)
             seg.N = node.shape[1]
-            seg.blocks = -(-seg.N // GEMV_WARPS)
+            seg.blocks = -(-seg.N // (GEMV_WARPS // wpr))
         blocks = sum(getattr(segs, name).blocks for name in ("s0", "s1", "s2"))
         q, d, s = self._q8_parts(first.src[0])
         xq = Q8Arg(q.data_ptr(), d.data_ptr(), s.data_ptr())
         epi = EPI_BIAS if len(first.src) == 3 else 0
         tmax = next(c for c in GEMV_TOKENS if c >= t)
         qt2 = common if slots[2] is None else nodes[nodes[slots[2]].src[1]].dtype
-        self._launch("matmul.cu", f"gemv_q_multi<{common.value}, {qt2.value}, {tmax}, {epi}>",
+        self._launch("matmul.cu",
+                     f"gemv_q_multi<{common.value}, {qt2.value}, {tmax}, {epi}, {wpr}>",
                      (blocks, 1, 1), (32 * GEMV_WARPS, 1, 1), [segs, xq, t, k])  # fmt: skip
         self.done.update(group)
 

@@ -24,6 +24,7 @@ from parity.core.dtypes import QK, DType
 from parity.errors import BackendError
 
 UPLOAD_SLICE = 64 << 20  # bytes of a weight copied at a time (progress, and no giant staging)
+WEIGHT_PAD = 16  # bytes allocated past a weight's end: kernels may load its last 16-byte word whole
 
 
 @attrs.define(eq=False)
@@ -124,9 +125,13 @@ class GpuRuntime:
     def upload_weight(
         self, raw: np.ndarray, what: str, progress: Callable[[int], None] | None = None
     ) -> Any:
-        """A device copy of a weight's bytes (a view of the mapped file), uploaded in slices."""
+        """A device copy of a weight's bytes (a view of the mapped file), uploaded in slices,
+        in a buffer WEIGHT_PAD bytes longer (zeros) than the view returned."""
         data = raw.reshape(-1).view(np.uint8)
-        out = self.empty(self.torch.uint8, (data.size,), what)
+        padded = self.empty(self.torch.uint8, (data.size + WEIGHT_PAD,), what)
+        with self.torch.cuda.stream(self.stream):
+            padded[data.size :].zero_()
+        out = padded[: data.size]
         with self.torch.cuda.stream(self.stream):
             for start in range(0, data.size, UPLOAD_SLICE):
                 part = data[start : start + UPLOAD_SLICE]

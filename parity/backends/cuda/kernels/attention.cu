@@ -3,7 +3,10 @@
 // the weighted values, folded left to right over the chunks.
 //
 // A chunk is computed by one block of 256 threads, thread j owning slot j: its score (the TREE
-// over D products, then one multiply by the scale) and its weight e_j. The weights' TREE is the
+// over D products, then one multiply by the scale) and its weight e_j. Warp w's 32 K rows stream
+// through its own shared tile, 32 columns at a time, read coalesced (one warp instruction loads
+// four rows' 128-byte segments) while the previous slab is summed: a thread reading its own row
+// straight from global memory would touch 32 cache lines per instruction. The weights' TREE is the
 // block tree over the 256 slots; each value dimension i's TREE is split into 256/D aligned
 // runs of D slots (thread (part, i) builds run ``part`` sequentially, reading v coalesced
 // across i), then the runs are added as a tree. Padding slots are +0.0 literally and their
@@ -39,19 +42,57 @@ struct AttnArgs {
     float scale;
 };
 
-// the score of position ``pos``: TREE_d(fl(q_d * k_d)), then times the scale
-template <int D>
-__device__ __forceinline__ float score(const float* sq, const float* krow, float scale) {
-    float st[10];
+#define KTILE 36  // floats per row of a warp's K tile: 16-byte aligned, and bank-conflict free
+#define TILE_FLOATS (CHUNK / 32 * 32 * KTILE)  // the 8 warps' tiles
+
+// Scores of slots row_of(k) + lane, k = 0 .. n-1, for one warp: emit(k, score) with score =
+// fl(TREE_d(fl(q_d * k_d)) * scale). Rows past p read row p (valid; the caller drops them); a
+// warp whose 32 rows are all past p loads nothing. The next slab's loads are issued before the
+// current slab is summed.
+template <int D, typename RowOf, typename Emit>
+__device__ __forceinline__ void warp_scores(const float* sq, const float* kbase, int width, int p,
+                                            float scale, int n, RowOf row_of, Emit emit,
+                                            float* tile) {
+    constexpr int SLABS = D / 32;
+    const int lane = threadIdx.x & 31;
+    float4 buf[8];
+    auto load = [&](int k, int slab) {
+        const int row0 = row_of(k);
+        if (row0 > p) return;
 #pragma unroll
-    for (int d = 0; d < D; d += 4) {
-        const float4 kv = *reinterpret_cast<const float4*>(krow + d);
-        tree_push<10>(st, d, __fmul_rn(sq[d], kv.x));
-        tree_push<10>(st, d + 1, __fmul_rn(sq[d + 1], kv.y));
-        tree_push<10>(st, d + 2, __fmul_rn(sq[d + 2], kv.z));
-        tree_push<10>(st, d + 3, __fmul_rn(sq[d + 3], kv.w));
+        for (int j = 0; j < 8; ++j) {
+            const int f = j * 32 + lane, r = f >> 3, c4 = f & 7;
+            buf[j] = *reinterpret_cast<const float4*>(kbase + (i64)min(row0 + r, p) * width +
+                                                      slab * 32 + c4 * 4);
+        }
+    };
+    if (n > 0) load(0, 0);
+    for (int k = 0; k < n; ++k) {
+        float st[10];
+#pragma unroll
+        for (int slab = 0; slab < SLABS; ++slab) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const int f = j * 32 + lane, r = f >> 3, c4 = f & 7;
+                *reinterpret_cast<float4*>(tile + r * KTILE + c4 * 4) = buf[j];
+            }
+            __syncwarp();
+            if (slab + 1 < SLABS) load(k, slab + 1);
+            else if (k + 1 < n) load(k + 1, 0);
+            const float* mine = tile + lane * KTILE;
+#pragma unroll
+            for (int c = 0; c < 32; c += 4) {
+                const float4 kv = *reinterpret_cast<const float4*>(mine + c);
+                const float* q = sq + slab * 32 + c;
+                tree_push<10>(st, slab * 32 + c, __fmul_rn(q[0], kv.x));
+                tree_push<10>(st, slab * 32 + c + 1, __fmul_rn(q[1], kv.y));
+                tree_push<10>(st, slab * 32 + c + 2, __fmul_rn(q[2], kv.z));
+                tree_push<10>(st, slab * 32 + c + 3, __fmul_rn(q[3], kv.w));
+            }
+            __syncwarp();
+        }
+        emit(k, __fmul_rn(tree_finish<10>(st, D, D), scale));
     }
-    return __fmul_rn(tree_finish<10>(st, D, D), scale);
 }
 
 __device__ __forceinline__ float block_max(float v, float* smem) {
@@ -80,34 +121,45 @@ __device__ __forceinline__ float chunk_tree(float v, float* smem) {
     return r;
 }
 
-// the max of the scores of chunks [c0, c1) that hold positions <= p (-inf if none: -inf never
-// wins over a real score, and a NaN still does)
-template <int D>
+// The max of the scores of chunks [c0, c1) that hold positions <= p (-inf if none: -inf never
+// wins over a real score, and a NaN still does); keep(c, s) sees this thread's score in each.
+template <int D, typename Keep>
 __device__ float chunks_max(const AttnArgs& a, const float* sq, const float* kbase, int p, int c0,
-                            int c1, float* smem) {
-    const int width = a.n_head_kv * D;
+                            int c1, float* tile, float* smem, Keep keep) {
     const int cend = min(c1, p / CHUNK + 1);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float m = -__int_as_float(0x7f800000);
-    for (int c = c0; c < cend; c += 2) {  // two rows a thread at a time: their loads overlap
-        const int pos0 = c * CHUNK + threadIdx.x, pos1 = pos0 + CHUNK;
-        const float s0 = score<D>(sq, kbase + (i64)min(pos0, p) * width, a.scale);
-        const float s1 = score<D>(sq, kbase + (i64)min(pos1, p) * width, a.scale);
-        if (pos0 <= p) m = max_nan(m, s0);
-        if (pos1 <= p && c + 1 < cend) m = max_nan(m, s1);
-    }
+    auto row_of = [&](int k) { return (c0 + k) * CHUNK + warp * 32; };
+    warp_scores<D>(sq, kbase, a.n_head_kv * D, p, a.scale, cend - c0, row_of,
+                   [&](int k, float s) {
+                       if (row_of(k) + lane <= p) m = max_nan(m, s);
+                       keep(c0 + k, s);
+                   }, tile + warp * 32 * KTILE);  // fmt: skip
     return block_max(m, smem);
 }
 
-// chunk c's D_c (returned) and N_c (into sn[0 .. D)) with the max m
+// this thread's score in chunk c
 template <int D>
-__device__ float chunk_sums(const AttnArgs& a, const float* sq, const float* kbase,
-                            const float* vbase, int p, int c, float m, float* se, float* sn,
-                            float* smem) {
+__device__ __forceinline__ float chunk_score(const AttnArgs& a, const float* sq,
+                                             const float* kbase, int p, int c, float* tile) {
+    const int warp = threadIdx.x >> 5;
+    float s = 0.0f;
+    warp_scores<D>(sq, kbase, a.n_head_kv * D, p, a.scale, 1,
+                   [&](int) { return c * CHUNK + warp * 32; }, [&](int, float v) { s = v; },
+                   tile + warp * 32 * KTILE);  // fmt: skip
+    return s;
+}
+
+// chunk c's D_c (returned) and N_c (into sn[0 .. D)) with the max m, from this thread's slot's
+// score s
+template <int D>
+__device__ float chunk_sums(const AttnArgs& a, const float* vbase, int p, int c, float s, float m,
+                            float* se, float* sn, float* smem) {
     constexpr int PARTS = CHUNK / D;
     const int width = a.n_head_kv * D;
     const int pos = c * CHUNK + threadIdx.x;
     float e = 0.0f;  // padding: +0.0 literally
-    if (pos <= p) e = p_exp(__fsub_rn(score<D>(sq, kbase + (i64)pos * width, a.scale), m));
+    if (pos <= p) e = p_exp(__fsub_rn(s, m));
     se[threadIdx.x] = e;
     const float den = chunk_tree(e, smem);  // (its barrier also publishes se)
     const int i = threadIdx.x % D, part = threadIdx.x / D;
@@ -159,10 +211,13 @@ __device__ __forceinline__ void load_q(const AttnArgs& a, int t, int h, float* s
     __syncthreads();
 }
 
+#define KEEP_CHUNKS 4  // attention_rows keeps the scores of this many chunks from its max pass
+
 // grid (n_head, T)
 template <int D>
 __global__ void __launch_bounds__(CHUNK) attention_rows(AttnArgs a) {
-    __shared__ float sq[D], se[CHUNK], sn[D], smem[32];
+    __shared__ __align__(16) float tile[TILE_FLOATS];
+    __shared__ float sq[D], se[CHUNK], sn[D], smem[32], kept[KEEP_CHUNKS * CHUNK];
     const int h = blockIdx.x, t = blockIdx.y;
     const int g = h / (a.n_head / a.n_head_kv);
     const int p = a.positions[t];
@@ -170,10 +225,14 @@ __global__ void __launch_bounds__(CHUNK) attention_rows(AttnArgs a) {
     const float* vbase = a.v + g * D;
     load_q<D>(a, t, h, sq);
     const int nc = p / CHUNK + 1;
-    const float m = chunks_max<D>(a, sq, kbase, p, 0, nc, smem);
+    const float m = chunks_max<D>(a, sq, kbase, p, 0, nc, tile, smem, [&](int c, float s) {
+        if (c < KEEP_CHUNKS) kept[c * CHUNK + threadIdx.x] = s;  // read back by this thread
+    });
     float num = 0.0f, den = 0.0f;
     for (int c = 0; c < nc; ++c) {
-        const float dc = chunk_sums<D>(a, sq, kbase, vbase, p, c, m, se, sn, smem);
+        const float s = c < KEEP_CHUNKS ? kept[c * CHUNK + threadIdx.x]
+                                        : chunk_score<D>(a, sq, kbase, p, c, tile);
+        const float dc = chunk_sums<D>(a, vbase, p, c, s, m, se, sn, smem);
         const float nci = threadIdx.x < D ? sn[threadIdx.x] : 0.0f;
         den = c == 0 ? dc : __fadd_rn(den, dc);
         num = c == 0 ? nci : __fadd_rn(num, nci);
@@ -187,6 +246,7 @@ __global__ void __launch_bounds__(CHUNK) attention_rows(AttnArgs a) {
 // grid (n_head, T, chunks of n_ctx)
 template <int D>
 __global__ void __launch_bounds__(CHUNK) attention_chunks(AttnArgs a) {
+    __shared__ __align__(16) float tile[TILE_FLOATS];
     __shared__ float sq[D], se[CHUNK], sn[D], smem[32];
     __shared__ int last;
     const int h = blockIdx.x, t = blockIdx.y, c = blockIdx.z;
@@ -197,8 +257,11 @@ __global__ void __launch_bounds__(CHUNK) attention_chunks(AttnArgs a) {
     const float* kbase = a.k + g * D;
     const float* vbase = a.v + g * D;
     load_q<D>(a, t, h, sq);
-    const float m = chunks_max<D>(a, sq, kbase, p, 0, nc, smem);
-    const float dc = chunk_sums<D>(a, sq, kbase, vbase, p, c, m, se, sn, smem);
+    float s = 0.0f;  // this thread's score in chunk c, from the max pass
+    const float m = chunks_max<D>(a, sq, kbase, p, 0, nc, tile, smem, [&](int cc, float v) {
+        if (cc == c) s = v;
+    });
+    const float dc = chunk_sums<D>(a, vbase, p, c, s, m, se, sn, smem);
     const i64 th = (i64)t * a.n_head + h;
     float* part = a.part + th * gridDim.z * (D + 1);
     if (threadIdx.x < D) part[(i64)c * (D + 1) + threadIdx.x] = sn[threadIdx.x];
@@ -226,6 +289,7 @@ __global__ void __launch_bounds__(CHUNK) attention_chunks(AttnArgs a) {
 // grid (n_head, T, n_split): split z covers chunks [z * cps, (z + 1) * cps)
 template <int D>
 __global__ void __launch_bounds__(CHUNK) attention_split_max(AttnArgs a) {
+    __shared__ __align__(16) float tile[TILE_FLOATS];
     __shared__ float sq[D], smem[32];
     const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z;
     const int g = h / (a.n_head / a.n_head_kv);
@@ -233,12 +297,14 @@ __global__ void __launch_bounds__(CHUNK) attention_split_max(AttnArgs a) {
     const int c0 = z * a.chunks_per_split;
     if (c0 * CHUNK > p) return;  // no position of this split is visible
     load_q<D>(a, t, h, sq);
-    const float m = chunks_max<D>(a, sq, a.k + g * D, p, c0, c0 + a.chunks_per_split, smem);
+    const float m = chunks_max<D>(a, sq, a.k + g * D, p, c0, c0 + a.chunks_per_split, tile, smem,
+                                  [](int, float) {});
     if (threadIdx.x == 0) a.pmax[((i64)t * a.n_head + h) * a.n_split + z] = m;
 }
 
 template <int D>
 __global__ void __launch_bounds__(CHUNK) attention_split_sums(AttnArgs a) {
+    __shared__ __align__(16) float tile[TILE_FLOATS];
     __shared__ float sq[D], se[CHUNK], sn[D], smem[32];
     const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z;
     const int g = h / (a.n_head / a.n_head_kv);
@@ -254,7 +320,8 @@ __global__ void __launch_bounds__(CHUNK) attention_split_sums(AttnArgs a) {
     const int c1 = min(c0 + a.chunks_per_split, nc);
     const i64 nchunks = (a.n_ctx + CHUNK - 1) / CHUNK;
     for (int c = c0; c < c1; ++c) {
-        const float dc = chunk_sums<D>(a, sq, a.k + g * D, a.v + g * D, p, c, m, se, sn, smem);
+        const float s = chunk_score<D>(a, sq, a.k + g * D, p, c, tile);
+        const float dc = chunk_sums<D>(a, a.v + g * D, p, c, s, m, se, sn, smem);
         float* out = a.part + (((i64)t * a.n_head + h) * nchunks + c) * (D + 1);
         if (threadIdx.x < D) out[threadIdx.x] = sn[threadIdx.x];
         if (threadIdx.x == 0) out[D] = dc;

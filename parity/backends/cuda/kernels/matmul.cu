@@ -54,86 +54,200 @@ __device__ __forceinline__ float epilogue(float y, float y2, const float* bias, 
 // ---- gemv ------------------------------------------------------------------------------------
 
 #define GEMV_WARPS 4
-#define GEMV_MAXL 6  // runs of up to 32 slots per lane: TREEs of up to 1024 sub-blocks
+#define GEMV_MAXL 8  // rounds of a warp's TREE: up to 128 rounds of 32 sub-blocks each
 
-// output row n of a quantized product, computed by one warp
-template <int QT, int TMAX, int EPI>
+// The bytes of round r of a row: 32 sub-blocks, whole blocks of the type (a super-block holds 8
+// sub-blocks of Q4_K and 16 of Q6_K, so a round is 4 or 2 super-blocks), contiguous in the row.
+template <int QT>
+struct Round {
+    enum { SUBS = 32, BYTES = 32 * Layout<QT>::L / Layout<QT>::BE * Layout<QT>::BB };
+    enum { VECS = (BYTES + 15) / 16 + 1 };  // 16-byte loads covering it from an aligned start
+    enum { PER_LANE = (VECS + 31) / 32 };
+};
+
+// A warp's copy of one round of a row into shared memory: 16-byte loads from the aligned address
+// at or below the round's first byte (weights are padded by 16 bytes on upload, so the last
+// load stays inside the buffer), issued for round r+1 before round r is computed.
+template <int QT>
+struct Stage {
+    int4 v[Round<QT>::PER_LANE];
+    int offset;  // the round's first byte within the copy
+
+    __device__ __forceinline__ void load(const u8* row, int r, int S) {
+        const int lane = threadIdx.x & 31;
+        const int subs = min(32, S - 32 * r);
+        const u8* first = row + (i64)r * Round<QT>::BYTES;
+        const int bytes = subs * Layout<QT>::L / Layout<QT>::BE * Layout<QT>::BB;
+        const u8* base = reinterpret_cast<const u8*>(reinterpret_cast<size_t>(first) & ~(size_t)15);
+        offset = (int)(first - base);
+        const int vecs = (offset + bytes + 15) / 16;
+#pragma unroll
+        for (int j = 0; j < Round<QT>::PER_LANE; ++j) {
+            const int k = j * 32 + lane;
+            if (k < vecs) v[j] = __ldg(reinterpret_cast<const int4*>(base) + k);
+        }
+    }
+    __device__ __forceinline__ void store(u8* smem) const {
+        const int lane = threadIdx.x & 31;
+#pragma unroll
+        for (int j = 0; j < Round<QT>::PER_LANE; ++j) {
+            const int k = j * 32 + lane;
+            if (k < Round<QT>::VECS) reinterpret_cast<int4*>(smem)[k] = v[j];
+        }
+    }
+};
+
+// the Q8A quants of sub-block s of token t (L / 4 words), loaded 16 bytes at a time
+template <int L>
+__device__ __forceinline__ void load_x(const Q8& x, int t, int K, int s, int (&xw)[8]) {
+    const int4* p = reinterpret_cast<const int4*>(x.q + (i64)t * K + s * L);
+    const int4 a = p[0];
+    xw[0] = a.x; xw[1] = a.y; xw[2] = a.z; xw[3] = a.w;
+    if (L == 32) {
+        const int4 b = p[1];
+        xw[4] = b.x; xw[5] = b.y; xw[6] = b.z; xw[7] = b.w;
+    }
+}
+
+// Output row n of a quantized product, computed by WPR warps (``part`` is this warp's index
+// among them). The row's S sub-blocks are the leaves of TREE, padded to W = next_pow2(S).
+// W <= 32: one round, lane l holds leaf l, and the butterfly adds them. Else the W/32 rounds
+// of 32 leaves are each summed by the butterfly (an aligned subtree of 32 leaves), and those
+// round sums are TREE leaves one level up: warp ``part`` owns the aligned run of W/32/WPR of
+// them, and the WPR warps' subtrees meet in shared memory in tree order. Lanes read their
+// sub-blocks from the warp's shared copy of the round (``smem``), loaded coalesced.
+template <int QT, int TMAX, int EPI, int WPR>
 __device__ __forceinline__ void gemv_q_row(float* y, const Q8& x, const u8* w, const u8* w2,
                                            const float* bias, const float* res, int T, int N,
-                                           int K, i64 row_bytes, int n) {
+                                           int K, i64 row_bytes, int n, int part, bool live,
+                                           u8* smem, float* red) {
     constexpr int L = Layout<QT>::L;
     constexpr bool GATED = (EPI & EPI_SWIGLU) != 0;
+    constexpr int NM = GATED ? 2 : 1;
     const int lane = threadIdx.x & 31;
     const int S = K / L, W = next_pow2(S);
-    const int R = W >= 32 ? W / 32 : 1;
-    const int P = W >= 32 ? 32 : W;  // lanes holding a subtree
-    const int start = lane * R;
-    int count = S - start;
-    count = lane >= P || count < 0 ? 0 : (count > R ? R : count);
-    const u8* row = w + (i64)n * row_bytes;
-    const u8* row2 = GATED ? w2 + (i64)n * row_bytes : nullptr;
+    const int NR = W > 32 ? W / 32 : 1;  // rounds, padding ones included
+    const int per = NR / WPR;            // rounds of this warp
+    const int r0 = part * per;
+    const int real = live ? max(0, min(per, (S + 31) / 32 - r0)) : 0;  // rounds holding a leaf
+    const int width = W > 32 ? 32 : W;  // leaves a round's butterfly adds
+    const u8* rows[2] = {w + (i64)n * row_bytes, GATED ? w2 + (i64)n * row_bytes : nullptr};
     const int nb = K / 32;
-    float st[TMAX][GEMV_MAXL];
-    float st2[GATED ? TMAX : 1][GEMV_MAXL];
-    for (int i = 0; i < count; ++i) {
-        const int s = start + i;
-        int wq[8], wq2[8];
-        float a, m, a2 = 0.0f, m2 = 0.0f;
-        load_sub<QT>(row, s, wq, a, m);
-        if (GATED) load_sub<QT>(row2, s, wq2, a2, m2);
-        const int b = s * L / 32;                  // the activation block
-        const int off = L == 16 ? (s & 1) * 4 : 0;  // Q6_K: which half of it, in words
+    float st[NM][TMAX][GEMV_MAXL];
+    Stage<QT> stage[NM];
+    if (real > 0) {
+#pragma unroll
+        for (int m = 0; m < NM; ++m) stage[m].load(rows[m], r0, S);
+    }
+    for (int i = 0; i < real; ++i) {
+        const int r = r0 + i;
+        int offset[NM];
+#pragma unroll
+        for (int m = 0; m < NM; ++m) {
+            stage[m].store(smem + m * Round<QT>::VECS * 16);
+            offset[m] = stage[m].offset;
+        }
+        __syncwarp();
+        if (i + 1 < real) {
+#pragma unroll
+            for (int m = 0; m < NM; ++m) stage[m].load(rows[m], r + 1, S);
+        }
+        const int s = 32 * r + lane;  // this lane's sub-block
+        const bool leaf = s < S;
+        int wq[NM][8];
+        float a[NM], mn[NM];
+#pragma unroll
+        for (int m = 0; m < NM; ++m) {
+            if (leaf)
+                load_sub<QT>(smem + m * Round<QT>::VECS * 16 + offset[m], lane, wq[m], a[m], mn[m]);
+        }
+        __syncwarp();
+        const int b = s * L / 32;  // the activation block
 #pragma unroll
         for (int t = 0; t < TMAX; ++t) {
             if (t < T) {
-                const int* xq = reinterpret_cast<const int*>(x.q + (i64)t * K + b * 32) + off;
-                const float dx = x.d[(i64)t * nb + b], sx = x.s[(i64)t * nb + b];
-                int xw[8];
+                float term[NM];
 #pragma unroll
-                for (int k = 0; k < L / 4; ++k) xw[k] = xq[k];
-                tree_push<GEMV_MAXL>(st[t], i, sub_term<QT>(a, m, dx, sx, dot_words<L / 4>(wq, xw)));
-                if (GATED) {
-                    tree_push<GEMV_MAXL>(st2[GATED ? t : 0], i,
-                                         sub_term<QT>(a2, m2, dx, sx, dot_words<L / 4>(wq2, xw)));
+                for (int m = 0; m < NM; ++m) term[m] = 0.0f;  // padding leaves: +0.0
+                if (leaf) {
+                    int xw[8];
+                    load_x<L>(x, t, K, s, xw);
+                    const float dx = x.d[(i64)t * nb + b], sx = x.s[(i64)t * nb + b];
+#pragma unroll
+                    for (int m = 0; m < NM; ++m)
+                        term[m] = sub_term<QT>(a[m], mn[m], dx, sx, dot_words<L / 4>(wq[m], xw));
                 }
+#pragma unroll
+                for (int m = 0; m < NM; ++m)
+                    tree_push<GEMV_MAXL>(st[m][t], i, warp_tree(term[m], width));
             }
         }
     }
+    // this warp's subtree, then the row's: WPR subtrees in tree order
+    const int row_in_block = (threadIdx.x >> 5) / WPR;
 #pragma unroll
     for (int t = 0; t < TMAX; ++t) {
         if (t < T) {
-            float v = lane < P ? tree_finish<GEMV_MAXL>(st[t], count, R) : 0.0f;
-            v = warp_tree(v, P);
-            float v2 = 0.0f;
-            if (GATED) {
-                v2 = lane < P ? tree_finish<GEMV_MAXL>(st2[GATED ? t : 0], count, R) : 0.0f;
-                v2 = warp_tree(v2, P);
+            float v[NM];
+#pragma unroll
+            for (int m = 0; m < NM; ++m) {
+                v[m] = tree_finish<GEMV_MAXL>(st[m][t], real, per);
+                if (WPR > 1) {
+                    if (lane == 0) red[((row_in_block * TMAX + t) * NM + m) * WPR + part] = v[m];
+                }
             }
-            if (lane == 0) y[(i64)t * N + n] = epilogue<EPI>(v, v2, bias, res, t, n, N);
+            if (WPR > 1) {
+                __syncthreads();
+                if (part == 0) {
+#pragma unroll
+                    for (int m = 0; m < NM; ++m) {
+                        const float* rr = red + ((row_in_block * TMAX + t) * NM + m) * WPR;
+                        v[m] = WPR == 2 ? __fadd_rn(rr[0], rr[1])
+                                        : __fadd_rn(__fadd_rn(rr[0], rr[1]), __fadd_rn(rr[2], rr[3]));
+                    }
+                }
+            }
+            if (live && part == 0 && lane == 0)
+                y[(i64)t * N + n] = epilogue<EPI>(v[0], v[NM - 1], bias, res, t, n, N);
         }
     }
 }
 
-template <int QT, int TMAX, int EPI>
+// the shared memory of a gemv block: each warp's round copies, and the WPR subtrees of a row
+template <int QT, int TMAX, int EPI, int WPR>
+struct GemvShared {
+    enum { NM = (EPI & EPI_SWIGLU) ? 2 : 1 };
+    int4 stage[GEMV_WARPS][NM * Round<QT>::VECS];
+    float red[GEMV_WARPS / WPR * TMAX * NM * WPR];
+};
+
+#define GEMV_ROW(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, n, live)                   \
+    gemv_q_row<QT, TMAX, EPI, WPR>(y, x, w, w2, bias, res, T, N, K, row_bytes, n,                  \
+                                   (threadIdx.x >> 5) % WPR, live,                                  \
+                                   reinterpret_cast<u8*>(sh.stage[threadIdx.x >> 5]), sh.red)
+
+template <int QT, int TMAX, int EPI, int WPR>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_q(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
        int T, int N, int K, i64 row_bytes) {
-    const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (n < N) gemv_q_row<QT, TMAX, EPI>(y, x, w, w2, bias, res, T, N, K, row_bytes, n);
+    __shared__ GemvShared<QT, TMAX, EPI, WPR> sh;
+    const int n = blockIdx.x * (GEMV_WARPS / WPR) + (threadIdx.x >> 5) / WPR;
+    GEMV_ROW(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, min(n, N - 1), n < N);
 }
 
 // The same, and the output quantized (the Q8A x of the next product: SWIGLU's for down). The
-// last of the 8 blocks of each 32-row group to finish (an atomic ticket) quantizes the group's
+// last of the blocks of each 32-row group to finish (an atomic ticket) quantizes the group's
 // rows for every token: the values it reads were written, and fenced, by the group's blocks.
 // ``tickets`` (N/32 ints, zero) are reset by the block that used them, ready for a replay.
-template <int QT, int TMAX, int EPI>
+template <int QT, int TMAX, int EPI, int WPR>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_q_q8(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
           int T, int N, int K, i64 row_bytes, i8* oq, float* od, float* os, int* tickets) {
-    constexpr int GROUP = 32 / GEMV_WARPS;  // blocks per 32 rows
+    constexpr int GROUP = 32 / (GEMV_WARPS / WPR);  // blocks per 32 rows
+    __shared__ GemvShared<QT, TMAX, EPI, WPR> sh;
     __shared__ int last;
-    const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-    if (n < N) gemv_q_row<QT, TMAX, EPI>(y, x, w, w2, bias, res, T, N, K, row_bytes, n);
+    const int n = blockIdx.x * (GEMV_WARPS / WPR) + (threadIdx.x >> 5) / WPR;
+    GEMV_ROW(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, min(n, N - 1), n < N);
     __threadfence();
     __syncthreads();
     const int g = blockIdx.x / GROUP;
@@ -164,29 +278,36 @@ struct GemvSegs {
     GemvSeg s0, s1, s2;
 };
 
-template <int QT, int QT2, int TMAX, int EPI>
+template <int QT, int QT2, int TMAX, int EPI, int WPR>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_q_multi(GemvSegs segs, Q8 x, int T, int K) {
-    int b = blockIdx.x;
+    __shared__ union {
+        GemvShared<QT, TMAX, EPI, WPR> a;
+        GemvShared<QT2, TMAX, EPI, WPR> b;
+    } shu;
+    int blk = blockIdx.x;
     GemvSeg sg = segs.s0;
     bool second_type = false;
-    if (b >= segs.s0.blocks) {
-        b -= segs.s0.blocks;
+    if (blk >= segs.s0.blocks) {
+        blk -= segs.s0.blocks;
         sg = segs.s1;
-        if (b >= segs.s1.blocks) {
-            b -= segs.s1.blocks;
+        if (blk >= segs.s1.blocks) {
+            blk -= segs.s1.blocks;
             sg = segs.s2;
             second_type = true;
         }
     }
-    const int n = b * GEMV_WARPS + (threadIdx.x >> 5);
-    if (n >= sg.N) return;
-    if (QT2 != QT && second_type)
-        gemv_q_row<QT2, TMAX, EPI>(sg.y, x, sg.w, nullptr, sg.bias, nullptr, T, sg.N, K,
-                                   sg.row_bytes, n);
-    else
-        gemv_q_row<QT, TMAX, EPI>(sg.y, x, sg.w, nullptr, sg.bias, nullptr, T, sg.N, K,
-                                  sg.row_bytes, n);
+    const int n = blk * (GEMV_WARPS / WPR) + (threadIdx.x >> 5) / WPR;
+    const int row = min(n, sg.N - 1);
+    if (QT2 != QT && second_type) {
+        auto& sh = shu.b;
+        GEMV_ROW(QT2, TMAX, EPI, WPR, sg.y, sg.w, nullptr, sg.bias, nullptr, sg.N, sg.row_bytes,
+                 row, n < sg.N);
+    } else {
+        auto& sh = shu.a;
+        GEMV_ROW(QT, TMAX, EPI, WPR, sg.y, sg.w, nullptr, sg.bias, nullptr, sg.N, sg.row_bytes,
+                 row, n < sg.N);
+    }
 }
 
 // float weights: K leaves, x not quantized
