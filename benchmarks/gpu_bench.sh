@@ -61,7 +61,9 @@ for m in $models; do
   done
   timeout 100 python3 benchmarks/bench_gpu_steps.py /tmp/$m.gguf --runs 200 --position 600 --profile 2>&1 | tail -3
   for freeze in "" --gc-freeze; do
-    timeout 60 python3 benchmarks/bench_gpu_steps.py /tmp/$m.gguf --first-step $freeze 2>&1 | head -3
+    timeout 60 python3 benchmarks/bench_gpu_steps.py /tmp/$m.gguf --first-step $freeze \
+      > "$out/first_step_$m$freeze.txt" 2>&1
+    head -3 "$out/first_step_$m$freeze.txt"
   done
   [ "${LLAMA:-1}" = 0 ] && continue
   echo "== llama.cpp $m (n_prompt n_gen n_depth tok/s stddev)"

@@ -191,10 +191,14 @@ def _attention(n_head: int, n_kv: int, head_dim: int, start: int, t: int, n_ctx:
 
 def _argmax(width: int):
     def make(g: _Builder) -> Ref:
-        x = activations(g.rng, (4, width), special=False)
-        x[1, [10, 20]] = 1e9  # a tie: the first index wins
-        x[2, 30] = np.nan
+        x = activations(g.rng, (6, width), special=False)
+        x[1, [10, 20, width - 1]] = 1e9  # a tie (across blocks of a row too): the first index wins
+        x[2, [30, width - 5]] = np.nan  # NaN is above every number; the first NaN wins
         x[3] = -np.inf
+        x[4] = -1.0
+        x[4, [width - 3, width - 2]] = (-0.0, 0.0)  # -0 and +0 tie: the first index wins
+        x[5, 3] = 1e9
+        x[5, width - 1] = np.nan
         return g.op(Op.ARGMAX, g.input("x", x))
 
     return make

@@ -134,6 +134,8 @@ class Step:
         self.graph = graph
         self.rewritten = runtime.rewrite(graph)
         new_id = self.rewritten.rewritten()
+        self._new_id = new_id  # (graphs are immutable: the maps are made once, not per feed)
+        self._input_ids = self.rewritten.leaves(Op.INPUT)
         missing = [o for o in graph.outputs if o not in new_id]
         if missing:
             raise BackendError(f"the rewrite lost the value of output(s) {missing}")
@@ -238,7 +240,7 @@ class Step:
                     host.append((backend.upload, (slot, self.inputs[name])))
                 elif feed.kind == "device":
                     source, buffer = feed.source.buffer_of(feed.node)
-                    node = self.rewritten.nodes[self.rewritten.leaves(Op.INPUT)[name]]
+                    node = self.rewritten.nodes[self._input_ids[name]]
                     before.append(self.runtime.transfer(source, buffer, backend, slot, node))
                 else:
                     shape = self.inputs[name].shape
@@ -256,7 +258,7 @@ class Step:
     def buffer_of(self, node: int) -> tuple[Backend, Buffer]:
         """The backend and device buffer holding the value of ``node`` (an id of ``graph``; one
         of its outputs or exposed nodes) after a run."""
-        new = self.rewritten.rewritten().get(node)
+        new = self._new_id.get(node)
         if new is None or new not in self._produced:
             raise BackendError(f"%{node} is not an output of this step; expose it")
         return self._produced[new]
@@ -272,7 +274,7 @@ class Step:
         self._check_name(name)
         if source.runtime is not self.runtime:
             raise BackendError("a step is fed only from a step of its own runtime")
-        leaf = self.rewritten.nodes[self.rewritten.leaves(Op.INPUT)[name]]
+        leaf = self.rewritten.nodes[self._input_ids[name]]
         value = source.graph.nodes[node]
         if (value.dtype, value.shape) != (leaf.dtype, leaf.shape):
             raise BackendError(

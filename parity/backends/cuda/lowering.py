@@ -36,6 +36,7 @@ from parity.errors import BackendError
 
 GEMV_TOKENS = (1, 2, 4, 8)  # token counts of the GEMV instantiations; more tokens: GEMM
 GEMV_WARPS = 4
+ARGMAX_SLICE = 256 * 16  # elements of a row one argmax block takes (rows.cu)
 GEMV_MAX_ROUNDS = 128  # rounds of 32 sub-blocks a warp's TREE holds (matmul.cu's GEMV_MAXL)
 GEMM_TILE = {False: (32, 64), True: (32, 32)}  # (rows, tokens) per block; gated: fewer tokens
 ATTENTION_DIMS = (64, 128, 256)
@@ -330,8 +331,13 @@ class Lowering:
 
     def _argmax(self, i, node, follow):
         rows, width = self._src(node, 0).shape
-        self._launch("rows.cu", "argmax_f32", (rows, 1, 1), (1024, 1, 1),
-                     [self._ptr(i), self._ptr(node.src[0]), width])  # fmt: skip
+        slices = -(-width // ARGMAX_SLICE)
+        keys = self.new_scratch(DType.I32, (rows * slices * 2,))  # unsigned 64-bit keys
+        tickets = self.new_scratch(DType.I32, (rows,))  # zero: scratch is zeroed
+        self.out.scratch += [keys, tickets]
+        self._launch("rows.cu", "argmax_f32", (slices, rows, 1), (256, 1, 1),
+                     [self._ptr(i), self._ptr(node.src[0]), width, pointer(keys),
+                      pointer(tickets)])  # fmt: skip
 
     def _attention(self, i, node, follow):
         arg = node.arg

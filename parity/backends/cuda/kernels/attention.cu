@@ -151,10 +151,12 @@ __device__ __forceinline__ float chunk_score(const AttnArgs& a, const float* sq,
 }
 
 // chunk c's D_c (returned) and N_c (into sn[0 .. D)) with the max m, from this thread's slot's
-// score s
-template <int D>
+// score s. Thread (part, i) sums the values of its run's rows at dimension i: the first VPRE
+// from ``vpre`` (loaded by the caller, early), the rest loaded here 32 at a time.
+template <int D, int VPRE = 0>
 __device__ float chunk_sums(const AttnArgs& a, const float* vbase, int p, int c, float s, float m,
-                            float* se, float* sn, float* smem) {
+                            float* se, float* sn, float* smem,
+                            const float (&vpre)[VPRE > 0 ? VPRE : 1]) {
     constexpr int PARTS = CHUNK / D;
     const int width = a.n_head_kv * D;
     const int pos = c * CHUNK + threadIdx.x;
@@ -168,7 +170,12 @@ __device__ float chunk_sums(const AttnArgs& a, const float* vbase, int p, int c,
     // the run's values in batches of 32 loads issued together (one memory latency per batch,
     // not one per row); rows past p read row p, a valid one, and are dropped
 #pragma unroll
-    for (int j0 = 0; j0 < D; j0 += 32) {
+    for (int j = 0; j < VPRE; ++j) {
+        const float e = se[part * D + j];
+        tree_push<10>(st, j, first + j <= p ? __fmul_rn(e, vpre[j]) : 0.0f);
+    }
+#pragma unroll
+    for (int j0 = VPRE; j0 < D; j0 += 32) {
         float vals[32];
 #pragma unroll
         for (int j = 0; j < 32; ++j) vals[j] = vbase[(i64)min(first + j0 + j, p) * width + i];
@@ -211,6 +218,8 @@ __device__ __forceinline__ void load_q(const AttnArgs& a, int t, int h, float* s
     __syncthreads();
 }
 
+__device__ const float NO_VALUES[1] = {0.0f};  // chunk_sums without preloaded values
+
 #define KEEP_CHUNKS 4  // attention_rows keeps the scores of this many chunks from its max pass
 
 // grid (n_head, T)
@@ -232,7 +241,7 @@ __global__ void __launch_bounds__(CHUNK) attention_rows(AttnArgs a) {
     for (int c = 0; c < nc; ++c) {
         const float s = c < KEEP_CHUNKS ? kept[c * CHUNK + threadIdx.x]
                                         : chunk_score<D>(a, sq, kbase, p, c, tile);
-        const float dc = chunk_sums<D>(a, vbase, p, c, s, m, se, sn, smem);
+        const float dc = chunk_sums<D>(a, vbase, p, c, s, m, se, sn, smem, NO_VALUES);
         const float nci = threadIdx.x < D ? sn[threadIdx.x] : 0.0f;
         den = c == 0 ? dc : __fadd_rn(den, dc);
         num = c == 0 ? nci : __fadd_rn(num, nci);
@@ -243,10 +252,62 @@ __global__ void __launch_bounds__(CHUNK) attention_rows(AttnArgs a) {
 
 // ---- flash decoding -------------------------------------------------------------------------
 
-// grid (n_head, T, chunks of n_ctx)
+// This warp's K rows [row0, row0 + 32), slabs [s0, s0 + G), in registers: coalesced 16-byte
+// loads, lane l holding columns 4(l % 8) .. +3 of rows 4j + l / 8 (j < 8). Rows past p read
+// row p; a warp whose rows are all past p loads nothing.
+template <int G>
+__device__ __forceinline__ void load_k(float4 (&kb)[G][8], const float* kbase, int width, int p,
+                                       int row0, int s0) {
+    const int lane = threadIdx.x & 31;
+    if (row0 > p) return;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int f = j * 32 + lane, r = f >> 3, c4 = f & 7;
+            kb[g][j] = *reinterpret_cast<const float4*>(kbase + (i64)min(row0 + r, p) * width +
+                                                        (s0 + g) * 32 + c4 * 4);
+        }
+    }
+}
+
+// The products of slabs [s0, s0 + G) of this lane's row, pushed onto its TREE: the slabs go
+// through the warp's tile so that each lane reads its own row.
+template <int G>
+__device__ __forceinline__ void score_slabs(float (&st)[10], const float4 (&kb)[G][8],
+                                            const float* sq, int s0, float* tile) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int f = j * 32 + lane, r = f >> 3, c4 = f & 7;
+            *reinterpret_cast<float4*>(tile + r * KTILE + c4 * 4) = kb[g][j];
+        }
+        __syncwarp();
+        const float* mine = tile + lane * KTILE;
+        const int d0 = (s0 + g) * 32;
+#pragma unroll
+        for (int c = 0; c < 32; c += 4) {
+            const float4 kv = *reinterpret_cast<const float4*>(mine + c);
+            const float* q = sq + d0 + c;
+            tree_push<10>(st, d0 + c, __fmul_rn(q[0], kv.x));
+            tree_push<10>(st, d0 + c + 1, __fmul_rn(q[1], kv.y));
+            tree_push<10>(st, d0 + c + 2, __fmul_rn(q[2], kv.z));
+            tree_push<10>(st, d0 + c + 3, __fmul_rn(q[3], kv.w));
+        }
+        __syncwarp();
+    }
+}
+
+// grid (n_head, T, chunks of n_ctx). Every load that needs no result is issued first, together:
+// this warp's K rows of chunk c, this thread's V values of its run, q. The other visible
+// chunks' scores (for the max) stream through the tile after that.
 template <int D>
 __global__ void __launch_bounds__(CHUNK) attention_chunks(AttnArgs a) {
-    __shared__ __align__(16) float tile[TILE_FLOATS];
+    constexpr int SLABS = D / 32, G = SLABS < 2 ? SLABS : 2;  // K slabs held at once
+    constexpr int VPRE = D < 64 ? D : 64;                      // V rows loaded up front
+    __shared__ __align__(16) float tiles[TILE_FLOATS];
     __shared__ float sq[D], se[CHUNK], sn[D], smem[32];
     __shared__ int last;
     const int h = blockIdx.x, t = blockIdx.y, c = blockIdx.z;
@@ -254,14 +315,38 @@ __global__ void __launch_bounds__(CHUNK) attention_chunks(AttnArgs a) {
     const int p = a.positions[t];
     const int nc = p / CHUNK + 1;
     if (c >= nc) return;  // past the position: no work, no ticket
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int width = a.n_head_kv * D;
     const float* kbase = a.k + g * D;
     const float* vbase = a.v + g * D;
+    float* tile = tiles + warp * 32 * KTILE;
+    const int row0 = c * CHUNK + warp * 32;
+    float4 kb[G][8];
+    load_k<G>(kb, kbase, width, p, row0, 0);
+    const int first = c * CHUNK + (threadIdx.x / D) * D, i = threadIdx.x % D;
+    float vals[VPRE];
+    if (first <= p) {
+#pragma unroll
+        for (int j = 0; j < VPRE; ++j) vals[j] = vbase[(i64)min(first + j, p) * width + i];
+    }
     load_q<D>(a, t, h, sq);
-    float s = 0.0f;  // this thread's score in chunk c, from the max pass
-    const float m = chunks_max<D>(a, sq, kbase, p, 0, nc, tile, smem, [&](int cc, float v) {
-        if (cc == c) s = v;
-    });
-    const float dc = chunk_sums<D>(a, vbase, p, c, s, m, se, sn, smem);
+    float st[10];
+#pragma unroll
+    for (int s0 = 0; s0 < SLABS; s0 += G) {
+        if (s0 > 0) load_k<G>(kb, kbase, width, p, row0, s0);
+        score_slabs<G>(st, kb, sq, s0, tile);
+    }
+    const float s = __fmul_rn(tree_finish<10>(st, D, D), a.scale);  // this slot's score
+    float m = row0 + lane <= p ? s : -__int_as_float(0x7f800000);
+    if (nc > 1) {  // the other visible chunks, for the max only
+        auto row_of = [&](int k) { return (k < c ? k : k + 1) * CHUNK + warp * 32; };
+        warp_scores<D>(sq, kbase, width, p, a.scale, nc - 1, row_of,
+                       [&](int k, float v) {
+                           if (row_of(k) + lane <= p) m = max_nan(m, v);
+                       }, tile);  // fmt: skip
+    }
+    m = block_max(m, smem);
+    const float dc = chunk_sums<D, VPRE>(a, vbase, p, c, s, m, se, sn, smem, vals);
     const i64 th = (i64)t * a.n_head + h;
     float* part = a.part + th * gridDim.z * (D + 1);
     if (threadIdx.x < D) part[(i64)c * (D + 1) + threadIdx.x] = sn[threadIdx.x];
@@ -321,7 +406,7 @@ __global__ void __launch_bounds__(CHUNK) attention_split_sums(AttnArgs a) {
     const i64 nchunks = (a.n_ctx + CHUNK - 1) / CHUNK;
     for (int c = c0; c < c1; ++c) {
         const float s = chunk_score<D>(a, sq, a.k + g * D, p, c, tile);
-        const float dc = chunk_sums<D>(a, a.v + g * D, p, c, s, m, se, sn, smem);
+        const float dc = chunk_sums<D>(a, a.v + g * D, p, c, s, m, se, sn, smem, NO_VALUES);
         float* out = a.part + (((i64)t * a.n_head + h) * nchunks + c) * (D + 1);
         if (threadIdx.x < D) out[threadIdx.x] = sn[threadIdx.x];
         if (threadIdx.x == 0) out[D] = dc;

@@ -87,6 +87,13 @@ rms_norm_f32(float* y, i8* q, float* qd, float* qs, const float* x, const float*
     const int W = next_pow2(width);
     const int R = W > NORM_THREADS ? W / NORM_THREADS : 1;
     const int P = W / R;
+    // a row no wider than the block: this thread's x and w, both loaded before any result
+    const bool one = width <= (int)blockDim.x;
+    float x1 = 0.0f, w1 = 1.0f;
+    if (one && (int)threadIdx.x < width) {
+        x1 = xr[threadIdx.x];
+        if (w != nullptr) w1 = w[threadIdx.x];
+    }
     float part = 0.0f;
     if ((int)threadIdx.x < P) {
         float st[NORM_MAXL];
@@ -94,7 +101,7 @@ rms_norm_f32(float* y, i8* q, float* qd, float* qs, const float* x, const float*
         int n = width - start;
         n = n < 0 ? 0 : (n > R ? R : n);
         for (int i = 0; i < n; ++i) {
-            float v = xr[start + i];
+            float v = one ? x1 : xr[start + i];
             tree_push<NORM_MAXL>(st, i, __fmul_rn(v, v));
         }
         part = tree_finish<NORM_MAXL>(st, n, R);
@@ -104,8 +111,8 @@ rms_norm_f32(float* y, i8* q, float* qd, float* qs, const float* x, const float*
     float r = __fsqrt_rn(__fadd_rn(mean, eps));
     float scale = __fdiv_rn(1.0f, r);
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        float v = __fmul_rn(xr[i], scale);
-        if (w != nullptr) v = __fmul_rn(v, w[i]);
+        float v = __fmul_rn(one ? x1 : xr[i], scale);
+        if (w != nullptr) v = __fmul_rn(v, one ? w1 : w[i]);
         if (y != nullptr) y[row * width + i] = v;
         if (q != nullptr) srow[i] = v;
     }
@@ -219,49 +226,77 @@ __global__ void get_rows(float* y, const u8* w, const int* ids, int n_tokens, in
 
 // ---- ARGMAX ----------------------------------------------------------------------------------------
 
-// is (va, ia) before (vb, ib) in argmax's order: NaN above every number, the first index on ties
-__device__ __forceinline__ bool arg_better(float va, int ia, float vb, int ib) {
-    const bool na = va != va, nb = vb != vb;
-    if (na || nb) return na && (!nb || ia < ib);
-    return va > vb || (va == vb && ia < ib);
+// (value, index) as one key whose unsigned order is argmax's (docs/numerics.md: NaN above every
+// number, the first index on ties): the value's bits made
+// order-preserving (every NaN the largest, -0 the same as +0), then the index inverted so that
+// the first index wins a tie. The max of keys is exact in any order.
+__device__ __forceinline__ unsigned long long arg_key(float v, int i) {
+    u32 b = 0xffffffffu;  // NaN
+    if (v == v) {
+        b = v == 0.0f ? 0u : __float_as_uint(v);
+        b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    }
+    return ((unsigned long long)b << 32) | (u32)~i;
 }
 
-// One block per row (argmax is exact in any order once ties and NaN are resolved as stated)
-__global__ void argmax_f32(int* out, const float* x, int width) {
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    const float* xr = x + (i64)blockIdx.x * width;
-    float bv = 0.0f;
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        const float v = xr[i];
-        if (bi == 0x7fffffff || arg_better(v, i, bv, bi)) {
-            bv = v;
-            bi = i;
-        }
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const float ov = __shfl_xor_sync(FULL_MASK, bv, off);
-        const int oi = __shfl_xor_sync(FULL_MASK, bi, off);
-        if (oi != 0x7fffffff && (bi == 0x7fffffff || arg_better(ov, oi, bv, bi))) {
-            bv = ov;
-            bi = oi;
-        }
-    }
+__device__ __forceinline__ unsigned long long key_max(unsigned long long a, unsigned long long b) {
+    return a > b ? a : b;
+}
+
+__device__ unsigned long long block_key_max(unsigned long long k, unsigned long long* smem) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) {
-        sv[warp] = bv;
-        si[warp] = bi;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) k = key_max(k, __shfl_xor_sync(FULL_MASK, k, off));
+    if (lane == 0) smem[warp] = k;
+    __syncthreads();
+    k = smem[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) k = key_max(k, smem[w]);
+    return k;
+}
+
+// grid (slices, rows): block (s, r) takes ARGMAX_SLICE elements of row r, all its loads issued at
+// once, and writes its key; the row's last block to finish (an atomic ticket) takes the max of
+// the slices' keys. ``keys`` (rows x slices) and ``tickets`` (rows, zero) are scratch; the
+// ticket is reset for the next launch.
+#define ARGMAX_THREADS 256
+#define ARGMAX_PER 16
+#define ARGMAX_SLICE (ARGMAX_THREADS * ARGMAX_PER)
+
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+argmax_f32(int* out, const float* x, int width, unsigned long long* keys, int* tickets) {
+    __shared__ unsigned long long smem[ARGMAX_THREADS / 32];
+    __shared__ int last;
+    const int row = blockIdx.y, slices = gridDim.x;
+    const float* xr = x + (i64)row * width;
+    const int first = blockIdx.x * ARGMAX_SLICE + threadIdx.x;
+    float v[ARGMAX_PER];
+#pragma unroll
+    for (int j = 0; j < ARGMAX_PER; ++j) {
+        const int i = first + j * ARGMAX_THREADS;
+        v[j] = i < width ? xr[i] : 0.0f;
+    }
+    unsigned long long k = 0;  // below every real key
+#pragma unroll
+    for (int j = 0; j < ARGMAX_PER; ++j) {
+        const int i = first + j * ARGMAX_THREADS;
+        if (i < width) k = key_max(k, arg_key(v[j], i));
+    }
+    k = block_key_max(k, smem);
+    if (threadIdx.x == 0) {
+        keys[(i64)row * slices + blockIdx.x] = k;
+        __threadfence();
+        last = atomicAdd(&tickets[row], 1) == slices - 1;
     }
     __syncthreads();
+    if (!last) return;
+    __threadfence();
+    k = 0;
+    for (int sl = threadIdx.x; sl < slices; sl += blockDim.x)
+        k = key_max(k, __ldcg(keys + (i64)row * slices + sl));
+    __syncthreads();  // smem is reused
+    k = block_key_max(k, smem);
     if (threadIdx.x == 0) {
-        for (int k = 1; k < (int)(blockDim.x >> 5); ++k) {
-            if (si[k] != 0x7fffffff && (bi == 0x7fffffff || arg_better(sv[k], si[k], bv, bi))) {
-                bv = sv[k];
-                bi = si[k];
-            }
-        }
-        out[blockIdx.x] = bi;
+        out[row] = (int)~(u32)(k & 0xffffffffu);
+        tickets[row] = 0;
     }
 }
