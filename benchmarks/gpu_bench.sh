@@ -4,11 +4,11 @@
 # (`bash ../shared/peers/llamacpp-cuda.sh prepare .peer`). Logs under $OUT.
 #
 #   bash benchmarks/gpu_bench.sh check   conformance, the twin comparisons against cpu (and
-#                                        with TESTS=1 the gpu-marked tests), while llama.cpp's
-#                                        CUDA build compiles
+#                                        with TESTS=1 the kernel and gpu-marked tests), while
+#                                        llama.cpp's CUDA build compiles
 #   bash benchmarks/gpu_bench.sh bench   parity beside llama.cpp on the twins: decode at depth 0
 #                                        and 512, prefill 512, first step, kernels per step
-#                                        (LLAMA=0: parity alone)
+#                                        (LLAMA=0: parity alone; GC_FREEZE=: no gc-freeze probe)
 #   bash benchmarks/gpu_bench.sh quick   the kernel tests (every op, the gpu-marked tests),
 #                                        conformance, then `bench` with LLAMA=0 and a host profile
 set -u
@@ -43,6 +43,9 @@ if [ "$stage" = check ]; then
   echo "== parity conformance cuda"
   timeout 200 python3 -m parity conformance cuda 2>&1 | tee "$out/conformance.txt" | tail -3
   if [ "${TESTS:-0}" = 1 ]; then
+    echo "== kernel tests"
+    timeout 200 python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_backend_ops.py \
+      --backend cuda 2>&1 | tee "$out/ops_tests.txt" | tail -3
     echo "== gpu tests"
     timeout 240 python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_cuda_backend.py \
       2>&1 | tee "$out/gpu_tests.txt" | tail -3
@@ -60,7 +63,7 @@ for m in $models; do
     timeout 100 python3 -m parity bench --model /tmp/$m.gguf --backend cuda -p $p -g 128 --json 2>&1 | tail -1
   done
   timeout 100 python3 benchmarks/bench_gpu_steps.py /tmp/$m.gguf --runs 200 --position 600 --profile 2>&1 | tail -3
-  for freeze in "" --gc-freeze; do
+  for freeze in "" ${GC_FREEZE---gc-freeze}; do  # GC_FREEZE= skips the gc.freeze() probe
     timeout 60 python3 benchmarks/bench_gpu_steps.py /tmp/$m.gguf --first-step $freeze \
       > "$out/first_step_$m$freeze.txt" 2>&1
     head -3 "$out/first_step_$m$freeze.txt"

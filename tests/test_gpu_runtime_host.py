@@ -104,6 +104,8 @@ KERNELS = [
     ("attention.cu", "attention_rows<64>"),
     ("attention.cu", "attention_chunks<64>"),
     ("attention.cu", "attention_split_sums<64>"),
+    ("attention.cu", "attention_rows_gqa<64, 7>"),
+    ("attention.cu", "attention_rows_gqa<256, 4>"),
 ]
 
 

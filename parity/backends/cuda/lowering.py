@@ -44,6 +44,8 @@ EPI_BIAS, EPI_RESIDUAL, EPI_SWIGLU = 1, 2, 4
 FLOAT_WEIGHTS = (DType.F32, DType.F16, DType.BF16)
 NORM_THREADS = 1024  # rows.cu's
 SPLIT_TOKENS = 4  # flash decoding for at most this many tokens
+GQA_HEADS_MAX = 8  # prefill attention takes up to this many query heads of a KV head a block
+GQA_WIDTH_MAX = 1024  # ... whose q and sums (heads x head_dim floats, twice) fit shared memory
 CHUNKS_ONE_LAUNCH = 32  # ... in one launch for caches of at most this many chunks (8192 rows):
 # each block finds the max over the visible chunks itself; longer caches: three launches
 
@@ -373,6 +375,12 @@ class Lowering:
             self._launch("attention.cu", f"attention_split_sums<{d}>", grid, (256, 1, 1), [a])
             self._launch("attention.cu", f"attention_split_fold<{d}>", (arg.n_head, t, 1),
                          (256, 1, 1), [a])  # fmt: skip
+        elif (2 <= arg.n_head // arg.n_head_kv <= GQA_HEADS_MAX
+              and arg.n_head // arg.n_head_kv * d <= GQA_WIDTH_MAX):  # fmt: skip
+            a.chunks_per_split, a.n_split = chunks, 1
+            heads = arg.n_head // arg.n_head_kv  # the query heads of a KV head, in one block
+            self._launch("attention.cu", f"attention_rows_gqa<{d}, {heads}>",
+                         (arg.n_head_kv, t, 1), (256, 1, 1), [a])  # fmt: skip
         else:
             a.chunks_per_split, a.n_split = chunks, 1
             self._launch("attention.cu", f"attention_rows<{d}>", (arg.n_head, t, 1),

@@ -45,50 +45,83 @@ struct AttnArgs {
 #define KTILE 36  // floats per row of a warp's K tile: 16-byte aligned, and bank-conflict free
 #define TILE_FLOATS (CHUNK / 32 * 32 * KTILE)  // the 8 warps' tiles
 
+// This warp's K rows [row0, row0 + 32), slabs [s0, s0 + G), in registers: coalesced 16-byte
+// loads, lane l holding columns 4(l % 8) .. +3 of rows 4j + l / 8 (j < 8). Rows past p read
+// row p (valid; the caller drops their scores); a warp whose rows are all past p loads nothing.
+template <int G>
+__device__ __forceinline__ void load_k(float4 (&kb)[G][8], const float* kbase, int width, int p,
+                                       int row0, int s0) {
+    const int lane = threadIdx.x & 31;
+    if (row0 > p) return;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int f = j * 32 + lane, r = f >> 3, c4 = f & 7;
+            kb[g][j] = *reinterpret_cast<const float4*>(kbase + (i64)min(row0 + r, p) * width +
+                                                        (s0 + g) * 32 + c4 * 4);
+        }
+    }
+}
+
+// slab g of kb into the warp's tile (32 rows of 32 columns), so that each lane reads its own row
+template <int G>
+__device__ __forceinline__ void stage_k(float* tile, const float4 (&kb)[G][8], int g) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int f = j * 32 + lane, r = f >> 3, c4 = f & 7;
+        *reinterpret_cast<float4*>(tile + r * KTILE + c4 * 4) = kb[g][j];
+    }
+}
+
+// this lane's products q_d * k_d for the tile's 32 columns d0 .. d0 + 31, pushed onto its TREE
+__device__ __forceinline__ void push_slab(float (&st)[10], const float* tile, const float* sq,
+                                          int d0) {
+    const float* mine = tile + (threadIdx.x & 31) * KTILE;
+#pragma unroll
+    for (int c = 0; c < 32; c += 4) {
+        const float4 kv = *reinterpret_cast<const float4*>(mine + c);
+        const float* q = sq + d0 + c;
+        tree_push<10>(st, d0 + c, __fmul_rn(q[0], kv.x));
+        tree_push<10>(st, d0 + c + 1, __fmul_rn(q[1], kv.y));
+        tree_push<10>(st, d0 + c + 2, __fmul_rn(q[2], kv.z));
+        tree_push<10>(st, d0 + c + 3, __fmul_rn(q[3], kv.w));
+    }
+}
+
+// The products of slabs [s0, s0 + G) of this lane's row (held in kb), pushed onto its TREE.
+template <int G>
+__device__ __forceinline__ void score_slabs(float (&st)[10], const float4 (&kb)[G][8],
+                                            const float* sq, int s0, float* tile) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+        stage_k<G>(tile, kb, g);
+        __syncwarp();
+        push_slab(st, tile, sq, (s0 + g) * 32);
+        __syncwarp();
+    }
+}
+
 // Scores of slots row_of(k) + lane, k = 0 .. n-1, for one warp: emit(k, score) with score =
-// fl(TREE_d(fl(q_d * k_d)) * scale). Rows past p read row p (valid; the caller drops them); a
-// warp whose 32 rows are all past p loads nothing. The next slab's loads are issued before the
-// current slab is summed.
+// fl(TREE_d(fl(q_d * k_d)) * scale), rows past p dropped by the caller. The next slab's loads
+// are issued before the current slab is summed.
 template <int D, typename RowOf, typename Emit>
 __device__ __forceinline__ void warp_scores(const float* sq, const float* kbase, int width, int p,
                                             float scale, int n, RowOf row_of, Emit emit,
                                             float* tile) {
     constexpr int SLABS = D / 32;
-    const int lane = threadIdx.x & 31;
-    float4 buf[8];
-    auto load = [&](int k, int slab) {
-        const int row0 = row_of(k);
-        if (row0 > p) return;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int f = j * 32 + lane, r = f >> 3, c4 = f & 7;
-            buf[j] = *reinterpret_cast<const float4*>(kbase + (i64)min(row0 + r, p) * width +
-                                                      slab * 32 + c4 * 4);
-        }
-    };
-    if (n > 0) load(0, 0);
+    float4 kb[1][8];
+    if (n > 0) load_k<1>(kb, kbase, width, p, row_of(0), 0);
     for (int k = 0; k < n; ++k) {
         float st[10];
 #pragma unroll
         for (int slab = 0; slab < SLABS; ++slab) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int f = j * 32 + lane, r = f >> 3, c4 = f & 7;
-                *reinterpret_cast<float4*>(tile + r * KTILE + c4 * 4) = buf[j];
-            }
+            stage_k<1>(tile, kb, 0);
             __syncwarp();
-            if (slab + 1 < SLABS) load(k, slab + 1);
-            else if (k + 1 < n) load(k + 1, 0);
-            const float* mine = tile + lane * KTILE;
-#pragma unroll
-            for (int c = 0; c < 32; c += 4) {
-                const float4 kv = *reinterpret_cast<const float4*>(mine + c);
-                const float* q = sq + slab * 32 + c;
-                tree_push<10>(st, slab * 32 + c, __fmul_rn(q[0], kv.x));
-                tree_push<10>(st, slab * 32 + c + 1, __fmul_rn(q[1], kv.y));
-                tree_push<10>(st, slab * 32 + c + 2, __fmul_rn(q[2], kv.z));
-                tree_push<10>(st, slab * 32 + c + 3, __fmul_rn(q[3], kv.w));
-            }
+            if (slab + 1 < SLABS) load_k<1>(kb, kbase, width, p, row_of(k), slab + 1);
+            else if (k + 1 < n) load_k<1>(kb, kbase, width, p, row_of(k + 1), 0);
+            push_slab(st, tile, sq, slab * 32);
             __syncwarp();
         }
         emit(k, __fmul_rn(tree_finish<10>(st, D, D), scale));
@@ -252,54 +285,6 @@ __global__ void __launch_bounds__(CHUNK) attention_rows(AttnArgs a) {
 
 // ---- flash decoding -------------------------------------------------------------------------
 
-// This warp's K rows [row0, row0 + 32), slabs [s0, s0 + G), in registers: coalesced 16-byte
-// loads, lane l holding columns 4(l % 8) .. +3 of rows 4j + l / 8 (j < 8). Rows past p read
-// row p; a warp whose rows are all past p loads nothing.
-template <int G>
-__device__ __forceinline__ void load_k(float4 (&kb)[G][8], const float* kbase, int width, int p,
-                                       int row0, int s0) {
-    const int lane = threadIdx.x & 31;
-    if (row0 > p) return;
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int f = j * 32 + lane, r = f >> 3, c4 = f & 7;
-            kb[g][j] = *reinterpret_cast<const float4*>(kbase + (i64)min(row0 + r, p) * width +
-                                                        (s0 + g) * 32 + c4 * 4);
-        }
-    }
-}
-
-// The products of slabs [s0, s0 + G) of this lane's row, pushed onto its TREE: the slabs go
-// through the warp's tile so that each lane reads its own row.
-template <int G>
-__device__ __forceinline__ void score_slabs(float (&st)[10], const float4 (&kb)[G][8],
-                                            const float* sq, int s0, float* tile) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const int f = j * 32 + lane, r = f >> 3, c4 = f & 7;
-            *reinterpret_cast<float4*>(tile + r * KTILE + c4 * 4) = kb[g][j];
-        }
-        __syncwarp();
-        const float* mine = tile + lane * KTILE;
-        const int d0 = (s0 + g) * 32;
-#pragma unroll
-        for (int c = 0; c < 32; c += 4) {
-            const float4 kv = *reinterpret_cast<const float4*>(mine + c);
-            const float* q = sq + d0 + c;
-            tree_push<10>(st, d0 + c, __fmul_rn(q[0], kv.x));
-            tree_push<10>(st, d0 + c + 1, __fmul_rn(q[1], kv.y));
-            tree_push<10>(st, d0 + c + 2, __fmul_rn(q[2], kv.z));
-            tree_push<10>(st, d0 + c + 3, __fmul_rn(q[3], kv.w));
-        }
-        __syncwarp();
-    }
-}
-
 // grid (n_head, T, chunks of n_ctx). Every load that needs no result is issued first, together:
 // this warp's K rows of chunk c, this thread's V values of its run, q. The other visible
 // chunks' scores (for the max) stream through the tile after that.
@@ -430,4 +415,166 @@ __global__ void __launch_bounds__(CHUNK) attention_split_fold(AttnArgs a) {
         num = c == 0 ? nci : __fadd_rn(num, nci);
     }
     store_out<D>(a, t, h, num, den);
+}
+
+// ---- prefill, the query heads of a KV head together ---------------------------------------------
+
+// The H query heads h = g H .. g H + H - 1 that read KV head g, for one token: every K and V row
+// is loaded once for the H heads (prefill reads each row for every head and every later token,
+// and H is 3 to 7 here). Per head, the operations of attention_rows in its order: thread j owns
+// slot j of a chunk, the max pass first, then per chunk the scores again, the weights' TREE and
+// the values' runs. Shared memory: ``pool`` holds the warps' K tiles while scores are made, then
+// the weights (H x 256), then the runs (H x 256).
+template <int H>
+__device__ __forceinline__ void heads_max(float (&v)[H], float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+            v[h] = max_nan(v[h], __shfl_xor_sync(FULL_MASK, v[h], off));
+        if (lane == 0) red[h * 8 + warp] = v[h];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+        float m = red[h * 8];
+        for (int w = 1; w < 8; ++w) m = max_nan(m, red[h * 8 + w]);
+        v[h] = m;
+    }
+    __syncthreads();
+}
+
+// each head's TREE over the 256 slots (chunk_tree, H at once)
+template <int H>
+__device__ __forceinline__ void heads_tree(float (&v)[H], float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+        const float w = warp_tree(v[h], 32);
+        if (lane == 0) red[h * 8 + warp] = w;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+        const float* r = red + h * 8;
+        v[h] = __fadd_rn(__fadd_rn(__fadd_rn(r[0], r[1]), __fadd_rn(r[2], r[3])),
+                         __fadd_rn(__fadd_rn(r[4], r[5]), __fadd_rn(r[6], r[7])));
+    }
+    __syncthreads();
+}
+
+// this thread's slot's scores in the chunk at row0 (its warp's first row), for the H heads
+template <int D, int H>
+__device__ __forceinline__ void heads_scores(float (&s)[H], const float* sq, const float* kbase,
+                                             int width, int p, int row0, float scale,
+                                             float* tile) {
+    constexpr int SLABS = D / 32;
+    float4 kb[1][8];
+    float st[H][10];
+    load_k<1>(kb, kbase, width, p, row0, 0);
+#pragma unroll(SLABS <= 2 ? SLABS : 1)  // (wide heads: a loop, or compiling takes minutes)
+    for (int slab = 0; slab < SLABS; ++slab) {
+        stage_k<1>(tile, kb, 0);
+        __syncwarp();
+        if (slab + 1 < SLABS) load_k<1>(kb, kbase, width, p, row0, slab + 1);
+#pragma unroll
+        for (int h = 0; h < H; ++h) push_slab(st[h], tile, sq + h * D, slab * 32);
+        __syncwarp();
+    }
+#pragma unroll
+    for (int h = 0; h < H; ++h) s[h] = __fmul_rn(tree_finish<10>(st[h], D, D), scale);
+}
+
+// grid (n_head_kv, T); H = n_head / n_head_kv
+template <int D, int H>
+__global__ void __launch_bounds__(CHUNK) attention_rows_gqa(AttnArgs a) {
+    constexpr int PARTS = CHUNK / D;
+    static_assert(H * CHUNK <= TILE_FLOATS, "the pool holds H x 256 weights");
+    __shared__ __align__(16) float pool[TILE_FLOATS];
+    __shared__ float sq[H * D], acc[H * D], red[H * 8], den[H];
+    const int g = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31;
+    const int p = a.positions[t];
+    const int nc = p / CHUNK + 1;
+    const int width = a.n_head_kv * D;
+    const float* kbase = a.k + g * D;
+    const float* vbase = a.v + g * D;
+    float* tile = pool + warp * 32 * KTILE;
+    const float* qrow = a.q + (i64)t * a.n_head * D + g * H * D;  // the H heads, adjacent
+    for (int o = tid; o < H * D; o += CHUNK) sq[o] = qrow[o];
+    __syncthreads();
+    float m[H];
+#pragma unroll
+    for (int h = 0; h < H; ++h) m[h] = -__int_as_float(0x7f800000);
+    for (int c = 0; c < nc; ++c) {
+        float s[H];
+        heads_scores<D, H>(s, sq, kbase, width, p, c * CHUNK + warp * 32, a.scale, tile);
+        if (c * CHUNK + tid <= p) {
+#pragma unroll
+            for (int h = 0; h < H; ++h) m[h] = max_nan(m[h], s[h]);
+        }
+    }
+    heads_max<H>(m, red);
+    const int i = tid % D, part = tid / D;
+    for (int c = 0; c < nc; ++c) {
+        const int pos = c * CHUNK + tid;
+        float e[H];
+        heads_scores<D, H>(e, sq, kbase, width, p, c * CHUNK + warp * 32, a.scale, tile);
+#pragma unroll
+        for (int h = 0; h < H; ++h) e[h] = pos <= p ? p_exp(__fsub_rn(e[h], m[h])) : 0.0f;
+        __syncthreads();  // every warp is done with its tile: the pool takes the weights
+#pragma unroll
+        for (int h = 0; h < H; ++h) pool[h * CHUNK + tid] = e[h];
+        heads_tree<H>(e, red);  // D_c per head (its barrier also publishes the weights)
+        // the runs: thread (part, i) over rows first .. first + D - 1 of its part, every head
+        const int first = c * CHUNK + part * D;
+        float st[H][10];
+#pragma unroll(D <= 64 ? D / 32 : 1)
+        for (int j0 = 0; j0 < D; j0 += 32) {
+            float vals[32];
+#pragma unroll
+            for (int j = 0; j < 32; ++j) vals[j] = vbase[(i64)min(first + j0 + j, p) * width + i];
+#pragma unroll
+            for (int j = 0; j < 32; ++j) {
+                const bool in = first + j0 + j <= p;
+#pragma unroll
+                for (int h = 0; h < H; ++h) {
+                    const float w = pool[h * CHUNK + part * D + j0 + j];
+                    tree_push<10>(st[h], j0 + j, in ? __fmul_rn(w, vals[j]) : 0.0f);
+                }
+            }
+        }
+        __syncthreads();  // the weights are read: the pool takes the runs
+#pragma unroll
+        for (int h = 0; h < H; ++h) pool[h * CHUNK + tid] = tree_finish<10>(st[h], D, D);
+        __syncthreads();
+        for (int o = tid; o < H * D; o += CHUNK) {  // N_c of (head o / D, dimension o % D)
+            const float* r = pool + (o / D) * CHUNK + o % D;
+            float nci;
+            if (PARTS == 1) nci = r[0];
+            else if (PARTS == 2) nci = __fadd_rn(r[0], r[D]);
+            else nci = __fadd_rn(__fadd_rn(r[0], r[D]), __fadd_rn(r[2 * D], r[3 * D]));
+            acc[o] = c == 0 ? nci : __fadd_rn(acc[o], nci);
+        }
+        if (tid == 0) {
+#pragma unroll
+            for (int h = 0; h < H; ++h) den[h] = c == 0 ? e[h] : __fadd_rn(den[h], e[h]);
+        }
+        __syncthreads();  // before the next chunk's tiles overwrite the runs
+    }
+    // out[t, (g H + h) D + i] = num / den, and its Q8 blocks when wanted (whole warps: H D is a
+    // multiple of 32)
+    const int out_width = a.n_head * D;
+    for (int o0 = warp * 32; o0 < H * D; o0 += CHUNK) {
+        const int o = o0 + lane;
+        const float v = __fdiv_rn(acc[o], den[o / D]);
+        const int col = g * H * D + o;
+        a.out[(i64)t * out_width + col] = v;
+        if (a.oq != nullptr) {
+            const int nb = out_width / 32, b = col / 32;
+            quantize_block(v, a.oq + (i64)t * out_width + b * 32, a.od + (i64)t * nb + b,
+                           a.os + (i64)t * nb + b);
+        }
+    }
 }

@@ -135,9 +135,23 @@ __device__ __forceinline__ void gemv_q_row(float* y, const Q8& x, const u8* w, c
     const int nb = K / 32;
     float st[NM][TMAX][GEMV_MAXL];
     Stage<QT> stage[NM];
+    // one token (decode): this lane's activation quants of a round are loaded with the round's
+    // weights, not after them
+    constexpr bool XPRE = TMAX == 1;
+    int xn[8];
+    float dxn = 0.0f, sxn = 0.0f;
+    auto load_xs = [&](int r) {
+        const int s = 32 * r + lane;
+        if (XPRE && s < S) {
+            load_x<L>(x, 0, K, s, xn);
+            dxn = x.d[s * L / 32];
+            sxn = x.s[s * L / 32];
+        }
+    };
     if (real > 0) {
 #pragma unroll
         for (int m = 0; m < NM; ++m) stage[m].load(rows[m], r0, S);
+        load_xs(r0);
     }
     for (int i = 0; i < real; ++i) {
         const int r = r0 + i;
@@ -147,10 +161,15 @@ __device__ __forceinline__ void gemv_q_row(float* y, const Q8& x, const u8* w, c
             stage[m].store(smem + m * Round<QT>::VECS * 16);
             offset[m] = stage[m].offset;
         }
+        int xc[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) xc[k] = xn[k];
+        const float dxc = dxn, sxc = sxn;
         __syncwarp();
         if (i + 1 < real) {
 #pragma unroll
             for (int m = 0; m < NM; ++m) stage[m].load(rows[m], r + 1, S);
+            load_xs(r + 1);
         }
         const int s = 32 * r + lane;  // this lane's sub-block
         const bool leaf = s < S;
@@ -171,8 +190,15 @@ __device__ __forceinline__ void gemv_q_row(float* y, const Q8& x, const u8* w, c
                 for (int m = 0; m < NM; ++m) term[m] = 0.0f;  // padding leaves: +0.0
                 if (leaf) {
                     int xw[8];
-                    load_x<L>(x, t, K, s, xw);
-                    const float dx = x.d[(i64)t * nb + b], sx = x.s[(i64)t * nb + b];
+                    float dx = dxc, sx = sxc;
+                    if (XPRE) {
+#pragma unroll
+                        for (int k = 0; k < 8; ++k) xw[k] = xc[k];
+                    } else {
+                        load_x<L>(x, t, K, s, xw);
+                        dx = x.d[(i64)t * nb + b];
+                        sx = x.s[(i64)t * nb + b];
+                    }
 #pragma unroll
                     for (int m = 0; m < NM; ++m)
                         term[m] = sub_term<QT>(a[m], mn[m], dx, sx, dot_words<L / 4>(wq[m], xw));
