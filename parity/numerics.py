@@ -150,3 +150,60 @@ def tree_sum_leading(a: np.ndarray, scratch: np.ndarray | None = None) -> np.nda
         a = out
         level += 1
     return a[0]
+
+
+# --- tanh and GELU (tanh form) ------------------------------------------------------------------
+
+# tanh's odd Taylor coefficients from u^11 down to u^3, float32 of the float64 values:
+# -1382/155925, 62/2835, -17/315, 2/15, -1/3
+TANH_POLY = tuple(F32(c) for c in (-1382 / 155925, 62 / 2835, -17 / 315, 2 / 15, -1 / 3))
+TANH_SMALL = F32(0.25)  # below, the polynomial; at and above, the exp form
+GELU_A = F32(0.044715)  # GELU's cubic coefficient (float32 of 0.044715)
+GELU_S = F32(math.sqrt(2 / math.pi))  # sqrt(2 / pi), float64 rounded once: 0x1.988454p-1
+
+
+def tanh(x: np.ndarray) -> np.ndarray:
+    """The contract's float32 tanh, elementwise (docs/numerics.md, "tanh"): odd, from u = |x|:
+
+    u < 0.25:  p = fl(u * u), q = Horner(TANH_POLY, p), t = fl(u + fl(fl(u * p) * q))
+    u >= 0.25: e = exp(fl(u * -2)), t = fl(fl(1 - e) / fl(1 + e))
+
+    and the result is t with x's sign. tanh(+-0) = +-0, tanh(+-inf) = +-1, NaN stays NaN.
+    """
+    x = np.asarray(x, dtype=F32)
+    u = np.abs(x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = exp(u * F32(-2))
+        big = (F32(1) - e) / (F32(1) + e)
+        p = u * u
+        q = TANH_POLY[0] * p
+        q += TANH_POLY[1]
+        for c in TANH_POLY[2:]:
+            q *= p
+            q += c
+        small = u + (u * p) * q
+    return np.copysign(np.where(u < TANH_SMALL, small, big), x)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """The contract's GELU, tanh form (docs/numerics.md, "GELU, GEGLU"), written as the logistic
+    it equals, x * 0.5 * (1 + tanh(u)) = x / (1 + exp(-2u)), in its two-sided form so that
+    nothing cancels (tanh(u) near -1) and nothing overflows (exp(-2u) for u < -44):
+
+    u = fl(S * fl(x * fl(1 + fl(A * fl(x * x))))), v = fl(u * -2)
+    v <= 0 or NaN: gelu = fl(x / fl(1 + exp(v)))
+    v > 0:         e = exp(fl(-v)), gelu = fl(fl(x * e) / fl(1 + e))
+
+    gelu(-inf) is NaN (-inf * 0), as silu(-inf) is; gelu(+inf) = +inf; gelu(-0) = -0.
+    """
+    x = np.asarray(x, dtype=F32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        c = GELU_A * (x * x)
+        c += F32(1)
+        u = GELU_S * (x * c)
+        v = u * F32(-2)
+        right = v > 0  # x < 0: the exp of -v, at most 1
+        e = exp(np.where(right, -v, v))
+        num = np.where(right, x * e, x)
+        e += F32(1)
+        return num / e

@@ -213,3 +213,17 @@ def test_verify_rejects_bad_attention_and_state_use():
     extra = Node(Op.KV_WRITE, F32, (16, 64), (state, inputs["k"], inputs["pos"]))
     with pytest.raises(GraphError, match="exactly one KV_WRITE"):
         verify(Graph((*g.nodes, extra), g.outputs))
+
+
+def test_gelu_geglu_and_scale_signatures():
+    b = GraphBuilder()
+    x = b.input("x", F32, (2, 64))
+    y = b.input("y", F32, (2, 32))
+    assert b.build(b.op(Op.GELU, x)).nodes[-1].shape == (2, 64)
+    assert b.build(b.op(Op.GEGLU, x, x)).nodes[-1].shape == (2, 64)
+    with pytest.raises(GraphError, match=r"gate \(2, 64\) and up \(2, 32\) differ"):
+        b.op(Op.GEGLU, x, y)
+    assert b.build(b.op(Op.SCALE, x, arg=0.5)).nodes[-1].shape == (2, 64)
+    for bad in (0.1, float("inf"), 3, None):  # not a float32 value; not finite; not a float
+        with pytest.raises(GraphError, match="finite float that float32 holds exactly"):
+            b.op(Op.SCALE, x, arg=bad)

@@ -104,6 +104,18 @@ def test_swiglu_is_silu_times_up() -> None:
         ops.swiglu(gate, up[:, :4])
 
 
+def test_geglu_is_gelu_times_up_and_scale_is_one_product() -> None:
+    gate = with_specials(rng(6).uniform(-12, 12, (3, 2048)).astype(F32))
+    up = rng(7).standard_normal((3, 2048)).astype(F32)
+    assert ops.geglu(gate, up).tobytes() == (ops.gelu(gate) * up).tobytes()
+    with pytest.raises(ValueError, match=r"geglu: gate \[3, 2048\] and up \[3, 4\] must match"):
+        ops.geglu(gate, up[:, :4])
+    c = float(F32(np.sqrt(640.0)))
+    assert ops.scale(up, c).tobytes() == (up * F32(c)).tobytes()
+    with pytest.raises(ValueError, match="not a finite float32 value"):
+        ops.scale(up, 0.1)
+
+
 # --- rms_norm ----------------------------------------------------------------------------------
 
 

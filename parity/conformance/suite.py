@@ -323,6 +323,23 @@ def op_suite() -> list[CaseSpec]:
         return g.op(Op.SILU, g.input("x", activations(g.rng, (3, 1536), scale=30)))
 
     specs.append(_spec("silu-1536", Op.SILU, F32, silu))
+
+    def gelu(g: _Builder) -> Ref:
+        x = activations(g.rng, (3, 2048), scale=12)  # through x < -9, where exp(-2u) overflows
+        x[0, 10:14] = (np.inf, -np.inf, np.nan, -9.4393206)
+        return g.op(Op.GELU, g.input("x", x))
+
+    def geglu(g: _Builder) -> Ref:
+        gate = g.input("gate", activations(g.rng, (3, 2048), scale=12))
+        return g.op(Op.GEGLU, gate, g.input("up", activations(g.rng, (3, 2048), scale=3)))
+
+    def scale(g: _Builder) -> Ref:  # Gemma's embedding scale, sqrt(640) rounded once
+        x = g.input("x", activations(g.rng, (3, 640), scale=1e37))  # overflow to inf too
+        return g.op(Op.SCALE, x, arg=float(np.float32(np.sqrt(640.0))))
+
+    specs.append(_spec("gelu-2048", Op.GELU, F32, gelu))
+    specs.append(_spec("geglu-2048", Op.GEGLU, F32, geglu))
+    specs.append(_spec("scale-640", Op.SCALE, F32, scale))
     for spec in REAL_SPECS.values():
 
         def rms_norm(g: _Builder, spec=spec) -> Ref:

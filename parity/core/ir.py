@@ -26,6 +26,7 @@ its living definition ``parity.backends.cpu.ops``.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -49,6 +50,9 @@ class Op(enum.Enum):
     MUL = enum.auto()
     SILU = enum.auto()
     SWIGLU = enum.auto()  # silu(gate) * up
+    GELU = enum.auto()  # the tanh form
+    GEGLU = enum.auto()  # gelu(gate) * up
+    SCALE = enum.auto()  # x * c; arg: c, a finite float32 constant
     # normalization
     RMS_NORM = enum.auto()  # arg: eps
     # matrix products: (x, weight[, bias]) -> x @ weight.T (+ bias); x is F32, or Q8A (already
@@ -180,6 +184,10 @@ def _positions(op: Op, n: Node, rows: int) -> None:
     _need(n.dtype is DType.I32 and n.shape == (rows,), op, f"positions must be i32[{rows}]")
 
 
+def _exact_constant(arg: Any) -> bool:
+    return isinstance(arg, float) and math.isfinite(arg) and float(np.float32(arg)) == arg
+
+
 def _exact_eps(arg: Any) -> bool:
     return isinstance(arg, float) and arg > 0 and float(np.float32(arg)) == arg
 
@@ -204,6 +212,9 @@ ARITY = {
     Op.MUL: 2,
     Op.SILU: 1,
     Op.SWIGLU: 2,
+    Op.GELU: 1,
+    Op.GEGLU: 2,
+    Op.SCALE: 1,
     Op.RMS_NORM: 1,
     Op.ROPE: 4,
     Op.KV_WRITE: 3,
@@ -243,11 +254,11 @@ def infer(op: Op, srcs: Sequence[Node], arg: Any) -> tuple[DType, tuple[int, ...
             f"rows [{arg.start}, {end}) outside 0..{x.shape[0]}",
         )
         return x.dtype, (arg.count, *x.shape[1:])
-    if op in (Op.ADD, Op.MUL, Op.SWIGLU):
+    if op in (Op.ADD, Op.MUL, Op.SWIGLU, Op.GEGLU):
         a, b = srcs
         _rows(op, a, "source 0")
         _need(b.dtype is DType.F32, op, "source 1 must be f32")
-        if op is Op.SWIGLU:
+        if op in (Op.SWIGLU, Op.GEGLU):
             _need(b.shape == a.shape, op, f"gate {a.shape} and up {b.shape} differ")
         else:
             _need(
@@ -256,9 +267,11 @@ def infer(op: Op, srcs: Sequence[Node], arg: Any) -> tuple[DType, tuple[int, ...
                 f"source 1 {b.shape} must be {a.shape} or a row vector {a.shape[1:]}",
             )
         return DType.F32, a.shape
-    if op in (Op.SILU, Op.RMS_NORM):
+    if op in (Op.SILU, Op.GELU, Op.SCALE, Op.RMS_NORM):
         (x,) = srcs
         _rows(op, x, "source")
+        if op is Op.SCALE:
+            _need(_exact_constant(arg), op, "arg must be a finite float that float32 holds exactly")
         if op is Op.RMS_NORM:
             _need(
                 _exact_eps(arg),

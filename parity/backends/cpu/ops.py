@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from parity import quant
+from parity import numerics, quant
 from parity.numerics import F32, exp, tree_sum, tree_sum_leading
 from parity.quant import PreparedWeight, Q8Activations
 
@@ -100,18 +100,42 @@ def silu(x: np.ndarray) -> np.ndarray:
         return x / d
 
 
-def check_swiglu(gate: np.ndarray, up: np.ndarray) -> None:
+def check_glu(op: str, gate: np.ndarray, up: np.ndarray) -> None:
     """ValueError unless gate and up are float32 (n_tokens, width) arrays of one shape."""
-    check_rows("swiglu", gate, "gate")
-    check_rows("swiglu", up, "up")
+    check_rows(op, gate, "gate")
+    check_rows(op, up, "up")
     if gate.shape != up.shape:
-        raise ValueError(f"swiglu: gate {list(gate.shape)} and up {list(up.shape)} must match")
+        raise ValueError(f"{op}: gate {list(gate.shape)} and up {list(up.shape)} must match")
+
+
+def check_swiglu(gate: np.ndarray, up: np.ndarray) -> None:
+    check_glu("swiglu", gate, up)
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """fl(silu(gate) * up), with gate and up of one shape."""
     check_swiglu(gate, up)
     return silu(gate) * up
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """GELU in its tanh form as the contract writes it (``parity.numerics.gelu``)."""
+    check_rows("gelu", x)
+    return numerics.gelu(x)
+
+
+def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """fl(gelu(gate) * up), with gate and up of one shape."""
+    check_glu("geglu", gate, up)
+    return numerics.gelu(gate) * up
+
+
+def scale(x: np.ndarray, c: float) -> np.ndarray:
+    """fl(x * c), c a float32 constant."""
+    check_rows("scale", x)
+    if not (np.isfinite(c) and float(np.float32(c)) == c):
+        raise ValueError(f"scale: the constant {c!r} is not a finite float32 value")
+    return x * F32(c)
 
 
 # --- normalization ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from parity import numerics
 from parity.core.dtypes import DType
 from parity.core.ir import AttentionArg, Op, RopeArg, SliceArg
 from parity_jax import quant
@@ -70,6 +71,28 @@ def silu(x: jax.Array, arg: None = None) -> jax.Array:
 
 def swiglu(gate: jax.Array, up: jax.Array, arg: None) -> jax.Array:
     return mul(silu(gate), up)
+
+
+GELU_A = float(numerics.GELU_A)
+GELU_S = float(numerics.GELU_S)
+
+
+def gelu(x: jax.Array, arg: None = None) -> jax.Array:
+    """parity.numerics.gelu: u = fl(S * fl(x * fl(1 + fl(A * fl(x * x))))), v = fl(u * -2);
+    v > 0: e = exp(-v), fl(fl(x * e) / fl(1 + e)); else fl(x / fl(1 + exp(v)))."""
+    u = mul(GELU_S, mul(x, add(1.0, mul(GELU_A, mul(x, x)))))
+    v = mul(u, -2.0)
+    right = v > 0
+    e = exp(jnp.where(right, -v, v))
+    return div(jnp.where(right, mul(x, e), x), add(1.0, e))
+
+
+def geglu(gate: jax.Array, up: jax.Array, arg: None) -> jax.Array:
+    return mul(gelu(gate), up)
+
+
+def scale(x: jax.Array, arg: float) -> jax.Array:
+    return mul(x, arg)
 
 
 def rms_norm(x: jax.Array, arg: float) -> jax.Array:
@@ -224,6 +247,9 @@ KERNELS: dict[Op, Callable[..., jax.Array]] = {
     Op.MUL: mul_op,
     Op.SILU: silu,
     Op.SWIGLU: swiglu,
+    Op.GELU: gelu,
+    Op.GEGLU: geglu,
+    Op.SCALE: scale,
     Op.RMS_NORM: rms_norm,
     Op.MATMUL: matmul,
     Op.QUANTIZE: quantize,

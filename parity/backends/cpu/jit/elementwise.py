@@ -1,6 +1,6 @@
-"""exp, SILU/SWIGLU, RMS_NORM (and RMS_NORM_MUL), ROPE, KV_WRITE and ARGMAX, compiled: the numpy
-definitions of ``ops.py`` and ``parity.numerics`` one float32 operation at a time, in the same
-order (docs/numerics.md).
+"""exp, SILU/SWIGLU, GELU/GEGLU, RMS_NORM (and RMS_NORM_MUL), ROPE, KV_WRITE and ARGMAX,
+compiled: the numpy definitions of ``ops.py`` and ``parity.numerics`` one float32 operation at
+a time, in the same order (docs/numerics.md).
 
 Row kernels take a row range ``lo..hi`` so that the same code runs serially (one range) or in
 parallel (``*_parallel``: ranges in a ``prange``); a row's result never depends on which.
@@ -14,7 +14,7 @@ from numba import prange
 from parity.backends.cpu.jit.compile import kernel
 from parity.backends.cpu.jit.reduce import next_pow2, tree_sum
 from parity.backends.cpu.jit.simd import bits_to_f32
-from parity.numerics import EXP_HI, EXP_LO, EXP_POLY, LN2_HI, LN2_LO, LOG2E
+from parity.numerics import EXP_HI, EXP_LO, EXP_POLY, GELU_A, GELU_S, LN2_HI, LN2_LO, LOG2E
 
 F32 = np.float32
 C7, C6, C5, C4, C3, C2, C1, C0 = EXP_POLY
@@ -81,6 +81,35 @@ def silu_rows(x: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
         for i in range(x.shape[1]):
             v = x[t, i]
             out[t, i] = v / (F32(1) + exp32(-v))
+
+
+@kernel(inline=True)
+def gelu32(x: np.float32) -> np.float32:
+    """The contract's GELU (``parity.numerics.gelu``) of one float32, step by step."""
+    c = GELU_A * (x * x)
+    c = c + F32(1)
+    u = GELU_S * (x * c)
+    v = u * F32(-2)
+    if v > F32(0):  # x < 0: the exp of -v, at most 1
+        e = exp32(-v)
+        return (x * e) / (F32(1) + e)
+    return x / (F32(1) + exp32(v))
+
+
+@kernel()
+def geglu_rows(gate: np.ndarray, up: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
+    """out = fl(gelu(gate) * up), rows lo..hi-1."""
+    for t in range(lo, hi):
+        for i in range(gate.shape[1]):
+            out[t, i] = gelu32(gate[t, i]) * up[t, i]
+
+
+@kernel()
+def gelu_rows(x: np.ndarray, out: np.ndarray, lo: int, hi: int) -> None:
+    """out = gelu(x), rows lo..hi-1."""
+    for t in range(lo, hi):
+        for i in range(x.shape[1]):
+            out[t, i] = gelu32(x[t, i])
 
 
 @kernel(inline=True)
@@ -194,6 +223,20 @@ def silu_parallel(x: np.ndarray, out: np.ndarray, chunks: int) -> None:
     n = x.shape[0]
     for c in prange(chunks):
         silu_rows(x, out, c * n // chunks, (c + 1) * n // chunks)
+
+
+@kernel(parallel=True)
+def geglu_parallel(gate: np.ndarray, up: np.ndarray, out: np.ndarray, chunks: int) -> None:
+    n = gate.shape[0]
+    for c in prange(chunks):
+        geglu_rows(gate, up, out, c * n // chunks, (c + 1) * n // chunks)
+
+
+@kernel(parallel=True)
+def gelu_parallel(x: np.ndarray, out: np.ndarray, chunks: int) -> None:
+    n = x.shape[0]
+    for c in prange(chunks):
+        gelu_rows(x, out, c * n // chunks, (c + 1) * n // chunks)
 
 
 @kernel(parallel=True)

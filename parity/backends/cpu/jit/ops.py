@@ -137,12 +137,19 @@ def get_rows_op(weight: PackedWeight, ids: np.ndarray) -> np.ndarray:
     return out
 
 
-def silu_into(out: np.ndarray, x: np.ndarray, arg: object = None) -> None:
-    split = chunks(x.size, x.shape[0])
+def _by_rows(rows: Callable[..., None], parallel: Callable[..., None], out, *srcs) -> None:
+    """An elementwise row kernel over ``srcs`` into ``out``: serially, or split into row
+    ranges run in parallel (a row's result never depends on which)."""
+    n = srcs[0].shape[0]
+    split = chunks(srcs[0].size, n)
     if split == 1:
-        elementwise.silu_rows(x, out, 0, x.shape[0])
+        rows(*srcs, out, 0, n)
     else:
-        elementwise.silu_parallel(x, out, split)
+        parallel(*srcs, out, split)
+
+
+def silu_into(out: np.ndarray, x: np.ndarray, arg: object = None) -> None:
+    _by_rows(elementwise.silu_rows, elementwise.silu_parallel, out, x)
 
 
 def silu_op(x: np.ndarray) -> np.ndarray:
@@ -154,11 +161,7 @@ def silu_op(x: np.ndarray) -> np.ndarray:
 
 
 def swiglu_into(out: np.ndarray, gate: np.ndarray, up: np.ndarray, arg: object = None) -> None:
-    split = chunks(gate.size, gate.shape[0])
-    if split == 1:
-        elementwise.swiglu_rows(gate, up, out, 0, gate.shape[0])
-    else:
-        elementwise.swiglu_parallel(gate, up, out, split)
+    _by_rows(elementwise.swiglu_rows, elementwise.swiglu_parallel, out, gate, up)
 
 
 def swiglu_op(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -260,6 +263,18 @@ def argmax_into(out: np.ndarray, x: np.ndarray, arg: object) -> None:
     elementwise.argmax_rows(x, out)
 
 
+def gelu_into(out: np.ndarray, x: np.ndarray, arg: object = None) -> None:
+    _by_rows(elementwise.gelu_rows, elementwise.gelu_parallel, out, x)
+
+
+def geglu_into(out: np.ndarray, gate: np.ndarray, up: np.ndarray, arg: object = None) -> None:
+    _by_rows(elementwise.geglu_rows, elementwise.geglu_parallel, out, gate, up)
+
+
+def scale_into(out: np.ndarray, x: np.ndarray, arg: float) -> None:
+    np.multiply(x, np.float32(arg), out)
+
+
 def add_into(out: np.ndarray, a: np.ndarray, b: np.ndarray, arg: object) -> None:
     np.add(a, b, out)
 
@@ -282,6 +297,9 @@ WRITERS: dict[Op, Callable[..., None]] = {
     Op.MUL: mul_into,
     Op.SILU: silu_into,
     Op.SWIGLU: swiglu_into,
+    Op.GELU: gelu_into,
+    Op.GEGLU: geglu_into,
+    Op.SCALE: scale_into,
     Op.RMS_NORM: rms_norm_into,
     Op.RMS_NORM_MUL: rms_norm_mul_into,
     Op.MATMUL: matmul_into,
