@@ -28,7 +28,7 @@ from parity.core.plugins import load_backends
 from parity.core.runtime import Runtime
 from parity.core.scheduler import Plan
 from parity.core.selection import make_backends
-from parity.errors import BackendError, ConfigError
+from parity.errors import BackendError, ChatTemplateError, ConfigError
 from parity.generation.generate import Generation
 from parity.generation.sampling import SamplingParams
 from parity.generation.session import DEFAULT_BATCH, Session, session_graphs
@@ -118,7 +118,23 @@ class Model:
 
     @cached_property
     def template(self) -> ChatTemplate:
-        return ChatTemplate.from_metadata(self.file.metadata)
+        """The chat template: the file's, or the one given with ``use_template``. A file
+        without one is an error here (no silent ChatML)."""
+        template = ChatTemplate.from_metadata(self.file.metadata)
+        if template.is_fallback:
+            raise ChatTemplateError(
+                f"{self.name} has no chat template (no tokenizer.chat_template in its file; it "
+                "may be a base model): give one with --template FILE (parity chat, parity "
+                "serve) or Model.use_template(source), or use plain completion (parity run)"
+            )
+        return template
+
+    def use_template(self, source: str) -> ChatTemplate:
+        """Chat with ``source`` (Jinja, as in ``tokenizer.chat_template``) instead of the
+        file's template; the file's BOS and EOS text fill ``bos_token`` and ``eos_token``."""
+        template = ChatTemplate.with_tokens(source, self.file.metadata)
+        self.__dict__["template"] = template  # (the cached_property's slot)
+        return template
 
     def _running(self) -> Session:
         if self.session is None:

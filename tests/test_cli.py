@@ -73,6 +73,28 @@ def test_chat_reads_turns_from_stdin(capsys, model_path, monkeypatch):
     assert rc == 0 and out.count("\n") == 2  # one line per reply
 
 
+def test_chat_without_a_template_says_so_and_takes_one(capsys, tmp_path, monkeypatch):
+    """A base model (no tokenizer.chat_template): one error line, no silent ChatML; with
+    --template FILE it chats with that template."""
+    import io
+
+    spec, weights = synthetic_model(tiny_spec("llama"), seed=5)
+    path = tmp_path / "base.gguf"
+    write_model_gguf(path, spec, weights, tokenizer=tiny_bpe_tokenizer())
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    argv = ("chat", "-m", str(path), "-b", "cpu", "--ctx", "64", "-n", "2")
+    rc, out, err = cli(capsys, *argv)
+    assert rc == 1 and out == ""
+    assert err.count("\n") == 1 and "has no chat template" in err and "--template FILE" in err
+    template = tmp_path / "t.jinja"
+    template.write_text(CHATML, encoding="utf-8")
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    rc, out, err = cli(capsys, *argv, "--template", str(template))
+    assert rc == 0 and out.count("\n") == 1
+    rc, out, err = cli(capsys, *argv, "--template", str(tmp_path / "missing.jinja"))
+    assert rc == 1 and err.startswith("parity: error: cannot read the chat template")
+
+
 def test_perplexity_prints_the_llama_cpp_line(capsys, model_path, tmp_path):
     text = tmp_path / "t.txt"
     text.write_text(" ".join(f"w{i % 13}" for i in range(120)), encoding="utf-8")

@@ -10,7 +10,7 @@ import pytest
 
 import parity
 from parity.arch.synthetic import synthetic_model, tiny_spec, write_model_gguf
-from parity.errors import ConfigError, ContextLengthError, ModelError
+from parity.errors import ChatTemplateError, ConfigError, ContextLengthError, ModelError
 from parity.gguf.writer import tiny_bpe_tokenizer
 from parity.measure.perplexity import perplexity, token_nll
 
@@ -113,6 +113,17 @@ def test_generation_stops_at_the_context_end(model):
     gen.complete()
     assert gen.finish_reason == "context"
     assert len(gen.tokens) == 64 - 60 + 1  # the last sampled token needs no cache slot
+
+
+def test_a_model_without_a_template_asks_for_one(tmp_path):
+    spec, weights = synthetic_model(tiny_spec("llama"), seed=5)
+    path = tmp_path / "base.gguf"
+    write_model_gguf(path, spec, weights, tokenizer=tiny_bpe_tokenizer())
+    base = parity.load(str(path), backends=())
+    with pytest.raises(ChatTemplateError, match=r"base has no chat template .*use_template"):
+        base.render_chat([{"role": "user", "content": "hi"}])
+    base.use_template("{% for m in messages %}[{{ m['content'] }}]{% endfor %}{{ eos_token }}")
+    assert base.render_chat([{"role": "user", "content": "hi"}]) == "[hi]" + base.template.eos_token
 
 
 def test_chat_uses_the_template(model):

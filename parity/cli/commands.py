@@ -173,9 +173,22 @@ def _chat_input(interactive: bool) -> str | None:
     return "\n".join(lines)
 
 
+def _chat_template(model, path: str | None) -> None:
+    """The chat template ``--template`` names, else the model's own; either way checked now,
+    so that a model without one is one error line before any prompt."""
+    if path is not None:
+        try:
+            source = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ParityError(f"cannot read the chat template {path}: {e}") from None
+        model.use_template(source)
+    model.template  # noqa: B018  (raises ChatTemplateError when there is none)
+
+
 def chat(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
     model = _load(args)
+    _chat_template(model, args.template)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     if interactive:
         import readline  # noqa: F401  (line editing and history for input())
@@ -435,6 +448,8 @@ def serve(args: argparse.Namespace) -> int:
         _err(f"parity serve: warning: listening on {args.host} without --api-key: anyone who "
              "can reach this port can use the model")  # fmt: skip
     model = _load(args)
+    if args.template is not None:
+        _chat_template(model, args.template)
     name = model.name
     server = Server(model, name, slots=args.slots, queue=args.queue, api_key=api_key,
                     max_body=args.max_body)  # fmt: skip

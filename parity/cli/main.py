@@ -61,6 +61,12 @@ def _non_negative(value: str) -> int:
     return n
 
 
+def _template_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--template", metavar="FILE",
+                   help="a Jinja chat template to use instead of the model's (needed for a "
+                        "model without one)")  # fmt: skip
+
+
 def _model_options(p: argparse.ArgumentParser, *, runtime: bool = True) -> None:
     g = p.add_argument_group("model")
     g.add_argument(
@@ -149,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_options(p)
     _sampling_options(p)
     p.add_argument("-s", "--system", help="system prompt (default: the template's own)")
+    _template_option(p)
     p.add_argument("-v", "--verbose", action="store_true", help="timings on stderr")
     p.set_defaults(func=commands.chat)
 
@@ -211,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests that may wait for a slot before a 429 (default 16)")  # fmt: skip
     p.add_argument("--max-body", type=_positive, default=1 << 20,
                    help="largest request body in bytes (default 1 MiB)")  # fmt: skip
+    _template_option(p)
     p.set_defaults(func=commands.serve)
 
     p = sub.add_parser(

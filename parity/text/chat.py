@@ -14,7 +14,9 @@ A template is also bounded in what it costs: a render stops with that error past
 results beyond ``MAX_VALUE`` items (``'a' * 10**10``), as ``range`` refuses huge ranges. Message
 content is data: it is never parsed as template code.
 
-A model without a template gets ChatML, as in llama.cpp (``common/chat.cpp``).
+``ChatTemplate.from_metadata`` gives a model without a template ChatML, as llama.cpp does
+(``common/chat.cpp``), and says so (``is_fallback``); ``Model.template`` refuses that stand-in
+and asks for a template instead (``Model.use_template``, ``parity chat --template FILE``).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class ChatTemplate:
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
-        self.is_fallback = False  # True when the model had no template and ChatML stands in
+        self.is_fallback = False  # True when the model has no template and ChatML stands in
         try:
             self._template = _ENV.from_string(source)
         except jinja2.TemplateSyntaxError as err:
@@ -81,29 +83,41 @@ class ChatTemplate:
         cls, metadata: Mapping[str, object], tokens: Sequence[str] | None = None
     ) -> ChatTemplate:
         """The template of a GGUF model (``tokenizer.chat_template``), with its BOS and EOS
-        token text; ChatML when the model has none (``is_fallback`` says so), as llama.cpp
-        does, which also takes the ``tool_use`` variant before ChatML."""
-        if tokens is None:
-            listed = metadata.get("tokenizer.ggml.tokens")
-            tokens = listed if isinstance(listed, Sequence) else ()
+        token text; ChatML when the model names it (llama.cpp's ``chatml``) or has none
+        (``is_fallback`` says which), as llama.cpp does, which also takes the ``tool_use``
+        variant before ChatML."""
         source = metadata.get("tokenizer.chat_template")
         if _is_chatml(source):
             source = metadata.get("tokenizer.chat_template.tool_use")
-        fallback = _is_chatml(source)
-        if fallback:
+        fallback = _is_chatml(source) and not any(
+            metadata.get(key) == "chatml"
+            for key in ("tokenizer.chat_template", "tokenizer.chat_template.tool_use")
+        )
+        if _is_chatml(source):
             source = CHATML
         elif not isinstance(source, str):
             raise ChatTemplateError(
                 f"the model's metadata tokenizer.chat_template is a {type(source).__name__}, "
                 "not text; the GGUF file is malformed"
             )
-        template = cls(
+        template = cls.with_tokens(source, metadata, tokens)
+        template.is_fallback = fallback
+        return template
+
+    @classmethod
+    def with_tokens(
+        cls, source: str, metadata: Mapping[str, object], tokens: Sequence[str] | None = None
+    ) -> ChatTemplate:
+        """``source`` with a GGUF model's BOS and EOS token text (a template given for a model
+        that has none, or a better one)."""
+        if tokens is None:
+            listed = metadata.get("tokenizer.ggml.tokens")
+            tokens = listed if isinstance(listed, Sequence) else ()
+        return cls(
             source,
             bos_token=_token_text(metadata, tokens, "tokenizer.ggml.bos_token_id"),
             eos_token=_token_text(metadata, tokens, "tokenizer.ggml.eos_token_id"),
         )
-        template.is_fallback = fallback
-        return template
 
     def render(
         self,
