@@ -5,14 +5,18 @@
 #
 #   bash benchmarks/gpu_bench.sh check   conformance, the twin comparisons against cpu (and
 #                                        with TESTS=1 the kernel and gpu-marked tests), while
-#                                        llama.cpp's CUDA build compiles
+#                                        llama.cpp's CUDA build compiles; with TESTS=1 that is
+#                                        more than one call holds: COMPARE=0 leaves the
+#                                        comparisons to the next call's `compare` stage
+#   bash benchmarks/gpu_bench.sh compare both twins against cpu (benchmarks/gpu_compare.py:
+#                                        prompts 1, 7, 300, 600 x 64 steps, 256 greedy tokens)
 #   bash benchmarks/gpu_bench.sh bench   parity beside llama.cpp on the twins: decode at depth 0
 #                                        and 512, prefill 512, first step, kernels per step
 #                                        (LLAMA=0: parity alone; GC_FREEZE=: no gc-freeze probe)
 #   bash benchmarks/gpu_bench.sh quick   the kernel tests (every op, the gpu-marked tests),
 #                                        conformance, then `bench` with LLAMA=0 and a host profile
 set -u
-stage=${1:?usage: gpu_bench.sh check|bench|quick}
+stage=${1:?usage: gpu_bench.sh check|compare|bench|quick}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .wheels/*.whl || exit 1
 export PYTHONPATH=/tmp/site XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -50,11 +54,15 @@ if [ "$stage" = check ]; then
     timeout 240 python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_cuda_backend.py \
       2>&1 | tee "$out/gpu_tests.txt" | tail -3
   fi
+  [ "${COMPARE:-1}" = 0 ] || bash "$0" compare
+  wait $build; tail -1 "$out/lcpp_build.txt"
+  exit 0
+fi
+if [ "$stage" = compare ]; then
   for m in $models; do
     echo "== compare cpu,cuda $m"
-    timeout "${COMPARE_S:-150}" python3 benchmarks/gpu_compare.py /tmp/$m.gguf 2>&1 | tee -a "$out/compare.txt"
+    timeout "${COMPARE_S:-300}" python3 benchmarks/gpu_compare.py /tmp/$m.gguf 2>&1 | tee -a "$out/compare.txt"
   done
-  wait $build; tail -1 "$out/lcpp_build.txt"
   exit 0
 fi
 for m in $models; do
