@@ -322,6 +322,23 @@ def test_a_hostile_chat_template_is_a_clear_400(tmp_path):
         assert "Traceback" not in s.stop()
 
 
+def test_a_model_without_a_chat_template_warns_and_answers_chat_with_a_400(tmp_path):
+    spec, weights = synthetic_model(tiny_spec("llama"), seed=5)
+    path = tmp_path / "base.gguf"
+    write_model_gguf(path, spec, weights, tokenizer=tiny_bpe_tokenizer())  # no template
+    s = Served(str(path))
+    try:
+        r = httpx.post(s.url + "/v1/chat/completions",
+                       json={"messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+        assert r.status_code == 400 and r.json()["error"]["code"] == "chat_template_error"
+        assert "--template FILE" in r.json()["error"]["message"]
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 200
+    finally:
+        out = s.stop()
+    assert "Traceback" not in out and "has no chat template" in out
+
+
 def test_binding_beyond_loopback_without_a_key_warns(model_path):
     s = Served(model_path, "--host", "0.0.0.0")
     out = s.stop()

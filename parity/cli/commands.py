@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from parity import __version__
-from parity.errors import ParityError
+from parity.errors import ChatTemplateError, ParityError
 
 if TYPE_CHECKING:
     from parity.hub.registry import ModelStatus
@@ -450,6 +450,12 @@ def serve(args: argparse.Namespace) -> int:
     model = _load(args)
     if args.template is not None:
         _chat_template(model, args.template)
+    else:
+        try:
+            model.template  # noqa: B018
+        except ChatTemplateError:
+            _err(f"parity serve: warning: {model.name} has no chat template: chat requests get "
+                 "a 400 (completions work); --template FILE gives one")  # fmt: skip
     name = model.name
     server = Server(model, name, slots=args.slots, queue=args.queue, api_key=api_key,
                     max_body=args.max_body)  # fmt: skip
