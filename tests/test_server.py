@@ -307,36 +307,34 @@ def test_the_client_sees_a_context_error_as_a_bad_request(server):
         server.client().completions.create(model=NAME, prompt="hello " * 300, max_tokens=4)
 
 
-def test_a_hostile_chat_template_is_a_clear_400(tmp_path):
+def _chat_400(tmp_path, chat_template: str | None) -> tuple[str, str]:
+    """Serve a tiny model with ``chat_template`` (None: none), send one chat request, check it
+    is a 400 chat_template_error and that completions still work; (its message, the log)."""
     spec, weights = synthetic_model(tiny_spec("llama"), seed=5)
-    path = tmp_path / "hostile.gguf"
+    path = tmp_path / "tiny.gguf"
     write_model_gguf(path, spec, weights, tokenizer=tiny_bpe_tokenizer(),
-                     chat_template="{{ 'a' * 10**10 }}")  # fmt: skip
+                     chat_template=chat_template)  # fmt: skip
     s = Served(str(path))
     try:
         r = httpx.post(s.url + "/v1/chat/completions",
                        json={"messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
         assert r.status_code == 400 and r.json()["error"]["code"] == "chat_template_error"
-        assert "too large" in r.json()["error"]["message"]
+        done = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert done.status_code == 200
     finally:
-        assert "Traceback" not in s.stop()
+        out = s.stop()
+    assert "Traceback" not in out
+    return r.json()["error"]["message"], out
+
+
+def test_a_hostile_chat_template_is_a_clear_400(tmp_path):
+    message, _ = _chat_400(tmp_path, "{{ 'a' * 10**10 }}")
+    assert "too large" in message
 
 
 def test_a_model_without_a_chat_template_warns_and_answers_chat_with_a_400(tmp_path):
-    spec, weights = synthetic_model(tiny_spec("llama"), seed=5)
-    path = tmp_path / "base.gguf"
-    write_model_gguf(path, spec, weights, tokenizer=tiny_bpe_tokenizer())  # no template
-    s = Served(str(path))
-    try:
-        r = httpx.post(s.url + "/v1/chat/completions",
-                       json={"messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
-        assert r.status_code == 400 and r.json()["error"]["code"] == "chat_template_error"
-        assert "--template FILE" in r.json()["error"]["message"]
-        r = httpx.post(s.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
-        assert r.status_code == 200
-    finally:
-        out = s.stop()
-    assert "Traceback" not in out and "has no chat template" in out
+    message, log = _chat_400(tmp_path, None)
+    assert "--template FILE" in message and "has no chat template" in log
 
 
 def test_binding_beyond_loopback_without_a_key_warns(model_path):

@@ -173,22 +173,29 @@ def _chat_input(interactive: bool) -> str | None:
     return "\n".join(lines)
 
 
-def _chat_template(model, path: str | None) -> None:
-    """The chat template ``--template`` names, else the model's own; either way checked now,
-    so that a model without one is one error line before any prompt."""
+def _chat_template(model, path: str | None, *, command: str) -> None:
+    """The chat template ``--template`` names, else the model's own; either way checked now.
+    A model without one is one error line before any prompt (chat) or a warning (serve, whose
+    completions still work)."""
     if path is not None:
         try:
             source = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise ParityError(f"cannot read the chat template {path}: {e}") from None
         model.use_template(source)
-    model.template  # noqa: B018  (raises ChatTemplateError when there is none)
+    try:
+        model.template  # noqa: B018  (raises ChatTemplateError when there is none)
+    except ChatTemplateError:
+        if command == "chat":
+            raise
+        _err(f"parity serve: warning: {model.name} has no chat template: chat requests get "
+             "a 400 (completions work); --template FILE gives one")  # fmt: skip
 
 
 def chat(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
     model = _load(args)
-    _chat_template(model, args.template)
+    _chat_template(model, args.template, command="chat")
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     if interactive:
         import readline  # noqa: F401  (line editing and history for input())
@@ -448,14 +455,7 @@ def serve(args: argparse.Namespace) -> int:
         _err(f"parity serve: warning: listening on {args.host} without --api-key: anyone who "
              "can reach this port can use the model")  # fmt: skip
     model = _load(args)
-    if args.template is not None:
-        _chat_template(model, args.template)
-    else:
-        try:
-            model.template  # noqa: B018
-        except ChatTemplateError:
-            _err(f"parity serve: warning: {model.name} has no chat template: chat requests get "
-                 "a 400 (completions work); --template FILE gives one")  # fmt: skip
+    _chat_template(model, args.template, command="serve")
     name = model.name
     server = Server(model, name, slots=args.slots, queue=args.queue, api_key=api_key,
                     max_body=args.max_body)  # fmt: skip
