@@ -101,6 +101,7 @@ KERNELS = [
     ("matmul.cu", "gemv_f<1, 1, 2>"),
     ("matmul.cu", "gemm_q<14, 10, 1>"),
     ("matmul.cu", "gemm_q<12, 6, 4>"),
+    *(("matmul.cu", f"gemm_mma<{t}, {e}>") for t in (2, 3, 6, 8, 12, 14) for e in (0, 1, 2, 4)),
     ("attention.cu", "attention_rows<64>"),
     ("attention.cu", "attention_chunks<64>"),
     ("attention.cu", "attention_split_sums<64>"),
@@ -228,6 +229,26 @@ def test_lowering_covers_every_node_of_the_real_models(name, tokens):
     assert sum(n.startswith("rope_f32") for n in names) == spec.n_layer  # q and k: one launch
     if tokens == 1:  # norm, q/k/v, rope, attention, o, norm, gate/up, down: 8 a layer
         assert len(lowered.launches) == 8 * spec.n_layer + 4, names[:12]
-    lowered.bind(lambda source, kernel: 1)
+    if tokens > 8:  # a prefill's products on the tensor cores: q, k, v, o, gate/up, down
+        assert sum(n.startswith("gemm_mma") for n in names) == 6 * spec.n_layer
+        assert not any(n.startswith("gemm_q") for n in names)
+    allowed = []
+    lowered.bind(lambda source, kernel, shared: allowed.append(shared) or 1)
     assert not lowered.pending
     assert all(launch.fn == 1 for _, (launch, *_) in lowered.launches if hasattr(launch, "fn"))
+    assert len(allowed) == len(names)
+
+
+def test_gemm_mma_shared_memory_and_its_limits():
+    from parity.backends.cuda.lowering import gemm_mma_shared
+    from parity.core.dtypes import DType
+
+    assert gemm_mma_shared(DType.Q4_0, False, 128) is None  # 4 blocks: shorter than a stage
+    assert gemm_mma_shared(DType.Q6_K, False, 128) is None  # 8 sub-blocks of 16 < 16
+    # Q5_0 over 896: a 192-byte stage copy, TREE counters of levels 3..5 for 4 outputs
+    one = 32 * (192 + 80 * 4 + 10 * 8) + 32 * (80 * 4 + 10 * 8)
+    assert gemm_mma_shared(DType.Q5_0, False, 896) == one + 3 * 4 * 256 * 4
+    two = gemm_mma_shared(DType.Q5_0, True, 896)  # gate and up: twice the weights and counters
+    assert two == one + 32 * (192 + 80 * 4 + 10 * 8) + 3 * 8 * 256 * 4
+    for dtype in (DType.Q4_K, DType.Q6_K, DType.Q8_0):  # the widest real rows fit an H200's SM
+        assert gemm_mma_shared(dtype, True, 4864) < 227 << 10

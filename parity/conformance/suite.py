@@ -296,6 +296,17 @@ def op_suite() -> list[CaseSpec]:
         for t in (1, 7):
             name = f"matmul-{dtype.name}-{n}x{k}-t{t}"
             specs.append(_spec(name, Op.MATMUL, dtype, _matmul(dtype, n, k, t), seed=n + k + t))
+    # more tokens than a GEMV takes (a backend's GEMM path): tiles cut short by rows and tokens,
+    # rows whose last 256-element stage is partial (K = 896), rows of only 4 blocks (K = 128)
+    for dtype in WEIGHT_TYPES:
+        name = f"matmul-{dtype.name}-72x1024-t37"
+        specs.append(_spec(name, Op.MATMUL, dtype, _matmul(dtype, 72, 1024, 37), seed=37))
+    for dtype in (DType.Q4_0, DType.Q4_1, DType.Q5_0, DType.Q8_0):
+        name = f"matmul-{dtype.name}-40x896-t33"
+        specs.append(_spec(name, Op.MATMUL, dtype, _matmul(dtype, 40, 896, 33), seed=33))
+    specs.append(
+        _spec("matmul-Q4_0-48x128-t37", Op.MATMUL, DType.Q4_0, _matmul(DType.Q4_0, 48, 128, 37))
+    )
     specs.append(
         _spec("matmul-Q5_0-bias-128x896-t3", Op.MATMUL, DType.Q5_0,
               _matmul(DType.Q5_0, 128, 896, 3, bias=True))
@@ -406,6 +417,10 @@ def fused_suite() -> list[CaseSpec]:
             name = f"{dtype.name}-48x512-t{t}"
             add(f"matmul_add-{name}", Op.MATMUL_ADD, dtype, _matmul_add(dtype, 48, 512, t))
             add(f"matmul_swiglu-{name}", Op.MATMUL_SWIGLU, dtype, _matmul_swiglu(dtype, 48, 512, t))
+    for dtype in (t for t in WEIGHT_TYPES if t.is_quantized):  # their GEMM path
+        name = f"{dtype.name}-40x512-t35"
+        add(f"matmul_add-{name}", Op.MATMUL_ADD, dtype, _matmul_add(dtype, 40, 512, 35))
+        add(f"matmul_swiglu-{name}", Op.MATMUL_SWIGLU, dtype, _matmul_swiglu(dtype, 40, 512, 35))
     for gate, up in ((DType.Q8_0, DType.F16), (DType.F16, DType.Q4_K)):  # x quantized for one
         add(f"matmul_swiglu-mixed-{gate.name}-{up.name}-48x512-t3", Op.MATMUL_SWIGLU, gate,
             _matmul_swiglu(gate, 48, 512, 3, up=up))  # fmt: skip

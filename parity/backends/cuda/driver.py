@@ -68,18 +68,23 @@ class Driver:
         self.check(self.lib.cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
         return module
 
-    def function(self, module: ctypes.c_void_p, name: str, shared: int = 0) -> int:
+    def function(self, module: ctypes.c_void_p, name: str) -> int:
         fn = ctypes.c_void_p()
         self.check(
             self.lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()),
             f"cuModuleGetFunction({name})",
         )
-        if shared > 48 << 10:  # more than the default dynamic shared memory
-            self.check(
-                self.lib.cuFuncSetAttribute(fn, _FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED, shared),
-                f"cuFuncSetAttribute({name})",
-            )
         return fn.value
+
+    def allow_shared(self, fn: int, shared: int, name: str) -> None:
+        """Let ``fn`` launch with ``shared`` bytes of dynamic shared memory (more than the
+        default 48 KiB needs the opt-in)."""
+        self.check(
+            self.lib.cuFuncSetAttribute(
+                ctypes.c_void_p(fn), _FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED, shared
+            ),
+            f"cuFuncSetAttribute({name}, {shared} bytes of shared memory)",
+        )
 
     def launch(self, launch: Launch, stream: int) -> None:
         g, b = launch.grid, launch.block

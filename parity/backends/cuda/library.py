@@ -34,6 +34,7 @@ class Library:
         self.compiler = compiler
         compiler.notice = False  # the library says it once for a batch
         self._functions: dict[tuple[str, str], int] = {}
+        self._shared: dict[tuple[str, str], int] = {}  # dynamic shared memory over 48 KiB
         self._modules: list[object] = []  # loaded modules, alive as long as the library
 
     def ensure(self, wanted: Iterable[tuple[str, str]]) -> None:
@@ -70,6 +71,12 @@ class Library:
             self._modules.append(handle)
             self._functions[source, name] = self.driver.function(handle, module.names[name])
 
-    def function(self, source: str, name: str) -> int:
+    def function(self, source: str, name: str, shared: int = 0) -> int:
+        """The kernel's handle, able to launch with ``shared`` bytes of dynamic shared
+        memory."""
         self.ensure([(source, name)])
-        return self._functions[source, name]
+        fn = self._functions[source, name]
+        if shared > self._shared.get((source, name), 48 << 10) and self.driver is not None:
+            self.driver.allow_shared(fn, shared, name)
+            self._shared[source, name] = shared
+        return fn

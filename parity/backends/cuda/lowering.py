@@ -39,6 +39,8 @@ GEMV_WARPS = 4
 ARGMAX_SLICE = 256 * 16  # elements of a row one argmax block takes (rows.cu)
 GEMV_MAX_ROUNDS = 128  # rounds of 32 sub-blocks a warp's TREE holds (matmul.cu's GEMV_MAXL)
 GEMM_TILE = {False: (32, 64), True: (32, 32)}  # (rows, tokens) per block; gated: fewer tokens
+MMA_TILE = 32  # rows and tokens of a gemm_mma block
+MMA_WSTRIDE = 80  # words of a row of its unpacked quants
 ATTENTION_DIMS = (64, 128, 256)
 EPI_BIAS, EPI_RESIDUAL, EPI_SWIGLU = 1, 2, 4
 FLOAT_WEIGHTS = (DType.F32, DType.F16, DType.BF16)
@@ -66,6 +68,23 @@ def gemv_warps_per_row(dtype: DType, k: int) -> int:
     return min(GEMV_WARPS, rounds)
 
 
+def gemm_mma_shared(dtype: DType, gated: bool, k: int) -> int | None:
+    """Bytes of dynamic shared memory of matmul.cu's gemm_mma for a product over K (its
+    MmaShared, then the TREE counters of levels LOG .. log2(W)), or None where it does not
+    apply: rows shorter than a stage's subtree (W < SUBS) go to gemm_q."""
+    sub = 16 if dtype is DType.Q6_K else 32
+    subs, log = 256 // sub, (3 if sub == 32 else 4)
+    width = next_pow2(k // sub)
+    if width < subs:
+        return None
+    nmat = 2 if gated else 1
+    raw = (dtype.nbytes(256) + 30) // 16 * 16  # a stage of a row, copied from an aligned start
+    weights = nmat * MMA_TILE * (raw + MMA_WSTRIDE * 4 + (subs + 2) * 8)  # raw, wq, wam
+    activations = MMA_TILE * (MMA_WSTRIDE * 4 + 10 * 8)  # xq, xds
+    levels = width.bit_length() - 1 - log + 1
+    return weights + activations + levels * nmat * 4 * 256 * 4
+
+
 def tree_levels(width: int) -> int:
     """MAXL for a TREE of ``width`` leaves (a power of two): its levels plus one."""
     return width.bit_length()
@@ -84,10 +103,11 @@ class Lowered:
     kernels: set[tuple[str, str]]
     pending: list[tuple[tuple[str, str], Launch]]  # launches whose kernel ``bind`` sets
 
-    def bind(self, function: Callable[[str, str], int]) -> None:
-        """Give every launch its kernel's handle (compiled or loaded by then)."""
+    def bind(self, function: Callable[[str, str, int], int]) -> None:
+        """Give every launch its kernel's handle (compiled or loaded by then), allowed the
+        launch's dynamic shared memory."""
         for key, launch in self.pending:
-            launch.fn = function(*key)
+            launch.fn = function(*key, launch.shared)
         self.pending = []
 
 
@@ -460,10 +480,17 @@ class Lowering:
             self._launch("matmul.cu", f"gemv_q<{kind}>", grid, block,
                          [pointer(out), xq, *common])  # fmt: skip
             return False
+        gated = bool(epi & EPI_SWIGLU)
+        shared = gemm_mma_shared(w.dtype, gated, k)
+        if shared is not None:  # the tensor-core GEMM
+            self._launch("matmul.cu", f"gemm_mma<{w.dtype.value}, {epi}>",
+                         (-(-n // MMA_TILE), -(-t // MMA_TILE), 1), (256, 1, 1),
+                         [pointer(out), xq, *common], shared)  # fmt: skip
+            return False
         sub = 16 if w.dtype is DType.Q6_K else 32
         maxl = max(6, tree_levels(next_pow2(k // sub)))
         maxl = next(m for m in (6, 8, 10, 12) if m >= maxl)
-        bn, bt = GEMM_TILE[bool(epi & EPI_SWIGLU)]
+        bn, bt = GEMM_TILE[gated]
         self._launch("matmul.cu", f"gemm_q<{w.dtype.value}, {maxl}, {epi}>",
                      (-(-n // bn), -(-t // bt), 1), (256, 1, 1),
                      [pointer(out), xq, *common])  # fmt: skip

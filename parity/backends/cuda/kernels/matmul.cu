@@ -495,3 +495,269 @@ gemm_q(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float
         }
     }
 }
+
+// ---- gemm on tensor cores ----------------------------------------------------------------------
+
+// The same products, the integer dot product of each sub-block on the tensor cores: one
+// mma.m16n8k32 (m16n8k16 for Q6_K's 16-element sub-blocks) of int8 quants gives the exact isum
+// of one sub-block for a tile of 16 rows x 8 tokens (integer sums: exact in any order; the
+// accumulator starts at 0 for every sub-block). The terms and the TREE are gemm_q's.
+//
+// K streams through in stages of 256 elements (one Q4_K or Q6_K super-block, eight blocks of the
+// others): SUBS sub-blocks, an aligned subtree of the TREE, summed pairwise in registers and
+// pushed whole at level LOG. The last stage of a row that ends inside one is padded with +0.0
+// terms (zero quants, scales and activation blocks), which is the TREE's own padding (its zero
+// leaves pair up to +0.0 subtrees); rows need W = next_pow2(S) >= SUBS (lowering sends shorter
+// ones to gemm_q). A stage's weight bytes are copied to shared memory with 16-byte loads, issued
+// a stage ahead, then unpacked to int8 words (load_sub) in the order the fragments read them:
+// lane c of a quad reads the words it needs for JG sub-blocks with one 16-byte load.
+//
+// A block of 8 warps, 2 x 4 warps of 16 rows x 8 tokens each: 32 rows x 32 tokens (gated: of
+// both matrices).
+#define MMA_THREADS 256
+#define MMA_WSTRIDE 80  // words per row of unpacked quants: 64, and 16 so that rows g and g+1
+                        // of a 16-byte load's eight lanes fall in different banks
+
+template <int QT, int EPI>
+struct MmaGeom {
+    enum {
+        L = Layout<QT>::L,
+        SUBS = 256 / L,           // sub-blocks a stage
+        LOG = SUBS == 8 ? 3 : 4,  // their subtree's level
+        WPS = L / 4,              // words per sub-block
+        JG = L == 32 ? 2 : 4,     // sub-blocks whose fragment words a lane loads at once
+        NMAT = (EPI & EPI_SWIGLU) ? 2 : 1,
+        BN = 32,
+        BT = 32,
+        SBYTES = 256 / Layout<QT>::BE * Layout<QT>::BB,  // a stage of one row
+        RAW = (SBYTES + 15 + 15) / 16 * 16,              // its copy from an aligned start
+        RV = RAW / 16,
+        RAW_PER = (NMAT * BN * RV + MMA_THREADS - 1) / MMA_THREADS,  // 16-byte loads a thread
+        X_PER = BT * 16 / MMA_THREADS,
+        AM = SUBS + 2,  // (a, m) pairs per row: 16-byte aligned rows, spread over the banks
+        DS = 8 + 2,     // (d, s) pairs per token
+    };
+    // where word k of sub-block j of a stage lies in its row: the words lane c of a quad
+    // reads for sub-blocks j .. j + JG - 1 (k = c, and c + 4 when L = 32) are 16 contiguous bytes
+    static __device__ __forceinline__ int pos(int j, int k) {
+        return (j / JG) * 16 + (k & 3) * 4 + (j % JG) * (4 / JG) + (k >> 2);
+    }
+};
+
+template <int QT, int EPI>
+struct MmaShared {
+    typedef MmaGeom<QT, EPI> G;
+    int4 raw[G::NMAT][G::BN][G::RV];
+    int wq[G::NMAT][G::BN][MMA_WSTRIDE];
+    float2 wam[G::NMAT][G::BN][G::AM];  // (a, m) of each sub-block
+    int xq[G::BT][MMA_WSTRIDE];
+    float2 xds[G::BT][G::DS];  // (d, s) of each activation block
+};
+
+__device__ __forceinline__ void mma_s8_k32(int (&c)[4], int a0, int a1, int a2, int a3, int b0,
+                                           int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%10,%10,%10};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+
+__device__ __forceinline__ void mma_s8_k16(int (&c)[4], int a0, int a1, int b0) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%7,%7,%7};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+
+__device__ __forceinline__ int word(const int4& v, int k) {
+    return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+
+// The TREE of each output above level LOG, as gemm_q's binary counter, in shared memory after
+// MmaShared (one push a stage: no registers held for it): level l of output o of thread tid at
+// [((l - LOG) * NOUT + o) * MMA_THREADS + tid], levels LOG .. log2(W). ``st`` points at level
+// 0 of one output (below the array: levels under LOG are never touched); ``stride``: a level's.
+__device__ __forceinline__ void tree_push_at(float* st, int stride, int count, float v, int level) {
+    for (int l = level;; ++l) {
+        float* at = st + l * stride;
+        if ((count >> l) & 1) {
+            v = __fadd_rn(*at, v);
+        } else {
+            *at = v;
+            return;
+        }
+    }
+}
+
+__device__ __forceinline__ float tree_finish_at(float* st, int stride, int count, int width) {
+    while (count < width) {  // (count is a multiple of 2^LOG, so j >= LOG)
+        int j = __ffs(count) - 1;  // as tree_finish
+        if (count == 0) j = 31 - __clz(width);
+        tree_push_at(st, stride, count >> j << j, 0.0f, j);
+        count += 1 << j;
+    }
+    return st[(31 - __clz(width)) * stride];
+}
+
+template <int QT, int EPI>
+__global__ void __launch_bounds__(MMA_THREADS, 2)
+gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
+         int T, int N, int K, i64 row_bytes) {
+    typedef MmaGeom<QT, EPI> G;
+    extern __shared__ int4 smem_raw[];
+    MmaShared<QT, EPI>& sh = *reinterpret_cast<MmaShared<QT, EPI>*>(smem_raw);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const int n0 = blockIdx.x * G::BN, t0 = blockIdx.y * G::BT;
+    const int S = K / G::L, W = next_pow2(S), nbk = K / 32;
+    const int stages = (S + G::SUBS - 1) / G::SUBS;
+    const int wr = (warp & 1) * 16, wt = (warp >> 1) * 8;  // this warp's rows and tokens
+
+    int4 raw[G::RAW_PER], xv[G::X_PER];
+    float2 xds = make_float2(0.0f, 0.0f);
+    // the global loads of stage i: weight bytes from the aligned address at or below the
+    // stage's first byte of each row (the upload's 16 bytes of padding keep the last load
+    // inside the buffer), the activation quants and (d, s)
+    auto fetch = [&](int i) {
+#pragma unroll
+        for (int u = 0; u < G::RAW_PER; ++u) {
+            const int v = tid + u * MMA_THREADS;
+            const int mat = v / (G::BN * G::RV), r = (v / G::RV) % G::BN, k = v % G::RV;
+            const int n = n0 + r;
+            if (mat < G::NMAT && n < N) {
+                const u8* first = (mat ? w2 : w) + (i64)n * row_bytes + (i64)i * G::SBYTES;
+                const int4* base = reinterpret_cast<const int4*>(
+                    reinterpret_cast<size_t>(first) & ~(size_t)15);
+                const int bytes = (int)min((i64)G::SBYTES, row_bytes - (i64)i * G::SBYTES);
+                const int offset = (int)(first - reinterpret_cast<const u8*>(base));
+                if (k * 16 < offset + bytes) raw[u] = __ldg(base + k);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < G::X_PER; ++u) {
+            const int v = tid + u * MMA_THREADS, tt = v / 16, k = v % 16;
+            const int t = t0 + tt;
+            xv[u] = make_int4(0, 0, 0, 0);
+            if (t < T && i * 256 + k * 16 < K)
+                xv[u] = *reinterpret_cast<const int4*>(x.q + (i64)t * K + i * 256 + k * 16);
+        }
+        if (tid < G::BT * 8) {
+            const int tt = tid / 8, b = i * 8 + tid % 8, t = t0 + tt;
+            xds = t < T && b < nbk ? make_float2(x.d[(i64)t * nbk + b], x.s[(i64)t * nbk + b])
+                                   : make_float2(0.0f, 0.0f);
+        }
+    };
+
+    constexpr int LEVEL = G::NMAT * 4 * MMA_THREADS;  // floats of one level of the counters
+    float* tree = reinterpret_cast<float*>(&sh + 1) - G::LOG * LEVEL + tid;
+    if (tid == 0) {  // the launch must give the counters' shared memory (lowering.py sizes it)
+        u32 dynamic;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic));
+        if (dynamic < sizeof(MmaShared<QT, EPI>) + (31 - __clz(W) - G::LOG + 1) * LEVEL * 4)
+            __trap();
+    }
+    fetch(0);
+    for (int i = 0; i < stages; ++i) {
+#pragma unroll
+        for (int u = 0; u < G::RAW_PER; ++u) {
+            const int v = tid + u * MMA_THREADS;
+            if (v < G::NMAT * G::BN * G::RV) (&sh.raw[0][0][0])[v] = raw[u];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < G::X_PER; ++u) {  // words 4k .. 4k+3 of the token's stage
+            const int v = tid + u * MMA_THREADS, tt = v / 16, k = v % 16;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int wd = 4 * k + e;
+                sh.xq[tt][G::pos(wd / G::WPS, wd % G::WPS)] = word(xv[u], e);
+            }
+        }
+        if (tid < G::BT * 8) sh.xds[tid / 8][tid % 8] = xds;
+        // unpack: one (matrix, row, sub-block) at a time
+        for (int v = tid; v < G::NMAT * G::BN * G::SUBS; v += MMA_THREADS) {
+            const int mat = v / (G::BN * G::SUBS), r = (v / G::SUBS) % G::BN, j = v % G::SUBS;
+            const int n = n0 + r, s = i * G::SUBS + j;
+            int q[8];
+            float a = 0.0f, m = 0.0f;
+            if (n < N && s < S) {
+                const size_t first = reinterpret_cast<size_t>(
+                    (mat ? w2 : w) + (i64)n * row_bytes + (i64)i * G::SBYTES);
+                const u8* copy = reinterpret_cast<const u8*>(&sh.raw[mat][r][0]) + (first & 15);
+                load_sub<QT>(copy, j, q, a, m);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; ++k) q[k] = 0;
+            }
+#pragma unroll
+            for (int k = 0; k < G::WPS; ++k) sh.wq[mat][r][G::pos(j, k)] = q[k];
+            sh.wam[mat][r][j] = make_float2(a, m);
+        }
+        if (i + 1 < stages) fetch(i + 1);
+        __syncthreads();
+        // this warp's tile, JG sub-blocks at a time, the stage's SUBS terms as a subtree
+        float part[G::NMAT][4][G::LOG + 1];
+        const int tok = wt + 2 * c;  // this lane's first token of the tile
+#pragma unroll
+        for (int j0 = 0; j0 < G::SUBS; j0 += G::JG) {
+            const int4 xb = *reinterpret_cast<const int4*>(&sh.xq[wt + g][(j0 / G::JG) * 16 + 4 * c]);
+            // (d, s) of the blocks of sub-blocks j0 .. j0+JG-1, for tokens tok and tok + 1
+            const int b0 = j0 * G::L / 32;
+            const float4 d0 = *reinterpret_cast<const float4*>(&sh.xds[tok][b0]);
+            const float4 d1 = *reinterpret_cast<const float4*>(&sh.xds[tok + 1][b0]);
+#pragma unroll
+            for (int mat = 0; mat < G::NMAT; ++mat) {
+                const int4 lo = *reinterpret_cast<const int4*>(
+                    &sh.wq[mat][wr + g][(j0 / G::JG) * 16 + 4 * c]);
+                const int4 hi = *reinterpret_cast<const int4*>(
+                    &sh.wq[mat][wr + g + 8][(j0 / G::JG) * 16 + 4 * c]);
+                float4 am_lo[G::JG / 2], am_hi[G::JG / 2];
+#pragma unroll
+                for (int h = 0; h < G::JG / 2; ++h) {
+                    am_lo[h] = *reinterpret_cast<const float4*>(&sh.wam[mat][wr + g][j0 + 2 * h]);
+                    am_hi[h] = *reinterpret_cast<const float4*>(&sh.wam[mat][wr + g + 8][j0 + 2 * h]);
+                }
+#pragma unroll
+                for (int jj = 0; jj < G::JG; ++jj) {
+                    const int j = j0 + jj;
+                    int acc[4];
+                    if (G::L == 32) {
+                        mma_s8_k32(acc, word(lo, 2 * jj), word(hi, 2 * jj), word(lo, 2 * jj + 1),
+                                   word(hi, 2 * jj + 1), word(xb, 2 * jj), word(xb, 2 * jj + 1));
+                    } else {
+                        mma_s8_k16(acc, word(lo, jj), word(hi, jj), word(xb, jj));
+                    }
+                    // (a, m) of sub-block j for rows g and g+8; (d, s) of its block for the tokens
+                    const float4 al = am_lo[jj / 2], ah = am_hi[jj / 2];
+                    const float a_lo = jj & 1 ? al.z : al.x, m_lo = jj & 1 ? al.w : al.y;
+                    const float a_hi = jj & 1 ? ah.z : ah.x, m_hi = jj & 1 ? ah.w : ah.y;
+                    const int bj = (j * G::L / 32) - b0;  // 0 or 1
+                    const float dx0 = bj ? d0.z : d0.x, sx0 = bj ? d0.w : d0.y;
+                    const float dx1 = bj ? d1.z : d1.x, sx1 = bj ? d1.w : d1.y;
+                    // acc: (row g, tok), (g, tok+1), (g+8, tok), (g+8, tok+1)
+                    tree_push<G::LOG + 1>(part[mat][0], j, sub_term<QT>(a_lo, m_lo, dx0, sx0, acc[0]));
+                    tree_push<G::LOG + 1>(part[mat][1], j, sub_term<QT>(a_lo, m_lo, dx1, sx1, acc[1]));
+                    tree_push<G::LOG + 1>(part[mat][2], j, sub_term<QT>(a_hi, m_hi, dx0, sx0, acc[2]));
+                    tree_push<G::LOG + 1>(part[mat][3], j, sub_term<QT>(a_hi, m_hi, dx1, sx1, acc[3]));
+                }
+            }
+        }
+#pragma unroll
+        for (int mat = 0; mat < G::NMAT; ++mat)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                tree_push_at(tree + (mat * 4 + e) * MMA_THREADS, LEVEL, i * G::SUBS,
+                             part[mat][e][G::LOG], G::LOG);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int n = n0 + wr + g + 8 * (e >> 1), t = t0 + wt + 2 * c + (e & 1);
+        const float v = tree_finish_at(tree + e * MMA_THREADS, LEVEL, stages * G::SUBS, W);
+        const float v2 = G::NMAT == 2 ? tree_finish_at(tree + (4 + e) * MMA_THREADS, LEVEL,
+                                                        stages * G::SUBS, W)
+                                      : 0.0f;
+        if (t < T && n < N) y[(i64)t * N + n] = epilogue<EPI>(v, v2, bias, res, t, n, N);
+    }
+}
