@@ -142,6 +142,29 @@ def first_step(model, prompt_tokens: int = 512, runs: int = 3) -> None:
 
     Session.prefill, Session.step = timed_prefill, timed_step
     backend = model.backends[0]
+    # host time of each phase of a decode step: Step.run whole, the executable's enqueue, the
+    # wait for the GPU (the rest of Step.run is inputs, feeds and downloads)
+    from parity.core.runtime import Step
+
+    phases: dict = {"first": [], "later": []}
+    step_run, sync = Step.run, backend.synchronize
+    current: dict = {}
+
+    def phased_run(self, *a, **k):
+        t0 = time.perf_counter()
+        current.update(execute=0.0, sync=0.0)
+        out = step_run(self, *a, **k)
+        if state["now"] in phases:
+            phases[state["now"]].append({"run": time.perf_counter() - t0, **current})
+        return out
+
+    def timed_sync():
+        t0 = time.perf_counter()
+        sync()
+        current["sync"] = current.get("sync", 0.0) + time.perf_counter() - t0
+
+    Step.run = phased_run
+    backend.synchronize = timed_sync
     execute = backend.execute
     gpu: list = []  # (where, start event, end event) of every execute
     gc_ms: list = []  # (where, ms) of every garbage collection
@@ -153,7 +176,9 @@ def first_step(model, prompt_tokens: int = 512, runs: int = 3) -> None:
                 return execute(exe)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(backend.rt.stream)
+            t0 = time.perf_counter()
             execute(exe)
+            current["execute"] = current.get("execute", 0.0) + time.perf_counter() - t0
             end.record(backend.rt.stream)
             gpu.append((state["now"], start, end))
 
@@ -176,6 +201,12 @@ def first_step(model, prompt_tokens: int = 512, runs: int = 3) -> None:
         model.generate(prompt, max_tokens=32, temperature=0.0, ignore_eos=True).complete()
     Session.prefill, Session.step = prefill, step
     backend.execute = execute
+    Step.run, backend.synchronize = step_run, sync
+    print(json.dumps({  # first: the runs' first steps (the profiled run's included)
+        f"host_us_{now}": {k: round(statistics.median(p[k] for p in runs) * 1e6, 1)
+                           for k in ("run", "execute", "sync")}
+        for now, runs in phases.items() if runs
+    }))  # fmt: skip
     gc.callbacks.remove(on_gc)
     if gpu:
         gpu[-1][2].synchronize()
