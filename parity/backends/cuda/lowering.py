@@ -39,8 +39,10 @@ GEMV_WARPS = 4
 ARGMAX_SLICE = 256 * 16  # elements of a row one argmax block takes (rows.cu)
 GEMV_MAX_ROUNDS = 128  # rounds of 32 sub-blocks a warp's TREE holds (matmul.cu's GEMV_MAXL)
 GEMM_TILE = {False: (32, 64), True: (32, 32)}  # (rows, tokens) per block; gated: fewer tokens
-MMA_TILE = 32  # rows and tokens of a gemm_mma block
+MMA_TILE = 32  # rows and tokens of a gemm_mma block (matmul.cu's MmaGeom BN, BT)
+MMA_THREADS = 256  # its threads
 MMA_WSTRIDE = 80  # words of a row of its unpacked quants
+MMA_BLOCK_PAIRS = 10  # (d, s) pairs a token's row of activation blocks takes (MmaGeom::DS)
 ATTENTION_DIMS = (64, 128, 256)
 EPI_BIAS, EPI_RESIDUAL, EPI_SWIGLU = 1, 2, 4
 FLOAT_WEIGHTS = (DType.F32, DType.F16, DType.BF16)
@@ -80,9 +82,9 @@ def gemm_mma_shared(dtype: DType, gated: bool, k: int) -> int | None:
     nmat = 2 if gated else 1
     raw = (dtype.nbytes(256) + 30) // 16 * 16  # a stage of a row, copied from an aligned start
     weights = nmat * MMA_TILE * (raw + MMA_WSTRIDE * 4 + (subs + 2) * 8)  # raw, wq, wam
-    activations = MMA_TILE * (MMA_WSTRIDE * 4 + 10 * 8)  # xq, xds
-    levels = width.bit_length() - 1 - log + 1
-    return weights + activations + levels * nmat * 4 * 256 * 4
+    activations = MMA_TILE * (MMA_WSTRIDE * 4 + MMA_BLOCK_PAIRS * 8)  # xq, xds
+    levels = width.bit_length() - 1 - log + 1  # LOG .. log2(W)
+    return weights + activations + levels * nmat * 4 * MMA_THREADS * 4  # 4 outputs a thread
 
 
 def tree_levels(width: int) -> int:
@@ -484,7 +486,7 @@ class Lowering:
         shared = gemm_mma_shared(w.dtype, gated, k)
         if shared is not None:  # the tensor-core GEMM
             self._launch("matmul.cu", f"gemm_mma<{w.dtype.value}, {epi}>",
-                         (-(-n // MMA_TILE), -(-t // MMA_TILE), 1), (256, 1, 1),
+                         (-(-n // MMA_TILE), -(-t // MMA_TILE), 1), (MMA_THREADS, 1, 1),
                          [pointer(out), xq, *common], shared)  # fmt: skip
             return False
         sub = 16 if w.dtype is DType.Q6_K else 32

@@ -85,14 +85,12 @@ __device__ __forceinline__ float p_silu(float x) {
 // counter of a left-to-right walk over the adjacent-pairs tree. Every level index is a
 // compile-time constant, so ``st`` stays in registers. fl(a + b) is commutative, so which
 // operand comes first does not matter; which pairs are added does, and that is the tree's.
-// MINL > 0: whole aligned subtrees of 2^MINL leaves are pushed (at level >= MINL, ``count`` a
-// multiple of 2^MINL), so levels below MINL are never touched and take no registers.
-template <int MAXL, int MINL = 0>
+template <int MAXL>
 __device__ __forceinline__ void tree_push(float (&st)[MAXL], int count, float v, int level = 0) {
     float carry = v;
     bool open = true;
 #pragma unroll
-    for (int L = MINL; L < MAXL; ++L) {
+    for (int L = 0; L < MAXL; ++L) {
         if (open && L >= level) {
             if ((count >> L) & 1) {
                 carry = __fadd_rn(st[L], carry);
@@ -107,18 +105,18 @@ __device__ __forceinline__ void tree_push(float (&st)[MAXL], int count, float v,
 // Pad a tree of ``count`` leaves with +0.0 leaves up to ``width`` (a power of two) and return
 // its value. A run of 2^j padding leaves starting at a multiple of 2^j is a subtree whose sum
 // is +0.0, pushed whole at level j; the adds with real subtrees above it still happen.
-template <int MAXL, int MINL = 0>
+template <int MAXL>
 __device__ __forceinline__ float tree_finish(float (&st)[MAXL], int count, int width) {
     while (count < width) {
         int j = __ffs(count) - 1;  // the largest aligned zero subtree that starts at count
         if (count == 0) j = 31 - __clz(width);
-        tree_push<MAXL, MINL>(st, count >> j << j, 0.0f, j);
+        tree_push<MAXL>(st, count >> j << j, 0.0f, j);
         count += 1 << j;
     }
     const int top = 31 - __clz(width);
     float r = 0.0f;
 #pragma unroll
-    for (int L = MINL; L < MAXL; ++L) {
+    for (int L = 0; L < MAXL; ++L) {
         if (L == top) r = st[L];  // a constant index per level: st stays in registers
     }
     return r;
