@@ -20,9 +20,10 @@ from pathlib import Path
 import torch
 
 from parity.backends.cuda import discovery
-from parity.backends.cuda.driver import AttnArg, Driver, Launch, Q8Arg, pack, pointer
+from parity.backends.cuda.kernel_args import AttnArg, Q8Arg
 from parity.backends.cuda.library import KERNELS, sources
 from parity.backends.cuda.nvrtc import Compiler
+from parity.backends.gpu.driver import Driver, Launch, pack, pointer
 
 CARVEOUT = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
 

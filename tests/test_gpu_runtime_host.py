@@ -102,6 +102,7 @@ KERNELS = [
     ("matmul.cu", "gemm_q<14, 10, 1>"),
     ("matmul.cu", "gemm_q<12, 6, 4>"),
     *(("matmul.cu", f"gemm_mma<{t}, {e}>") for t in (2, 3, 6, 8, 12, 14) for e in (0, 1, 2, 4)),
+    ("rows.cu", "advance_i32"),
     ("attention.cu", "attention_rows<64>"),
     ("attention.cu", "attention_chunks<64>"),
     ("attention.cu", "attention_split_sums<64>"),

@@ -39,6 +39,7 @@ from parity.errors import BackendError, ConfigError
 # Gemma 3's ops (issue 14) have no kernels here yet: the scheduler gives them to cpu
 NOT_YET = frozenset({Op.GELU, Op.GEGLU, Op.SCALE})
 OPS = frozenset(Op) - {Op.INPUT, Op.WEIGHT, Op.STATE} - NOT_YET
+ADVANCE = ("rows.cu", "advance_i32")  # the kernel of ``increment``
 SPLIT_CHUNKS = 1  # chunks per block of flash-decoding attention
 
 
@@ -66,7 +67,6 @@ class CudaBackend(Backend):
         ok = self.available()
         if not ok.ok:
             raise BackendError(f"the cuda backend cannot run here: {ok.reason}")
-        from parity.backends.cuda.driver import Driver
         from parity.backends.cuda.library import Library
         from parity.backends.cuda.nvrtc import Compiler
         from parity.backends.gpu.pinned import pinning_wanted
@@ -79,8 +79,11 @@ class CudaBackend(Backend):
         if pinned is None:
             pinned = bool(self.options.get("pinned", pinning_wanted()))
         self.rt = GpuRuntime(device.index, pinned=pinned)
-        self.driver = Driver(device.index)
+        self.driver = self.rt.driver
         self.library = Library(self.driver, Compiler(gpu.arch))
+        self.library.ensure([ADVANCE])  # (a step's kernels are compiled when it is prepared)
+        # (address, size, by) -> the launch that advances a kept input, and the buffer (alive)
+        self._advance: dict[tuple[int, int, int], tuple[Any, Any]] = {}
         self._weights: dict[str, Any] = {}
         self._pending: list[tuple[Any, np.ndarray, tuple[np.ndarray, ...]]] = []
 
@@ -176,9 +179,8 @@ class CudaBackend(Backend):
             if isinstance(dst, Q8Value)
             else ((dst, src),)
         )
-        with self.rt.torch.cuda.stream(self.rt.stream):
-            for a, b in pairs:
-                a.copy_(b, non_blocking=True)
+        for a, b in pairs:
+            self.rt.copy(a, b)
         return True
 
     def zero(self, buffer: Buffer, dtype: DType, shape: tuple[int, ...]) -> None:
@@ -188,8 +190,19 @@ class CudaBackend(Backend):
                 p.zero_()
 
     def increment(self, buffer: Buffer, dtype: DType, shape: tuple[int, ...], by: int) -> None:
-        with self.rt.torch.cuda.stream(self.rt.stream):
-            buffer.add_(by)
+        if dtype is not DType.I32:
+            raise BackendError(f"increment takes I32 values, not {dtype.name}")
+        key = (buffer.data_ptr(), buffer.numel(), by)
+        made = self._advance.get(key)
+        if made is None:  # made once per kept input: the decode loop allocates nothing
+            from parity.backends.gpu.driver import Launch, pack, pointer
+
+            n = buffer.numel()
+            fn = self.library.function(*ADVANCE)
+            grid = (min(-(-n // 256), 1024), 1, 1)
+            args = pack((pointer(buffer), n, by))
+            made = self._advance[key] = (Launch(ADVANCE[1], fn, grid, (256, 1, 1), 0, args), buffer)
+        self.driver.launch(made[0], self.rt.handle)
 
     # -- running -----------------------------------------------------------------------------
 
@@ -220,11 +233,10 @@ class CudaBackend(Backend):
         return CudaExecutable(split, inputs, outputs, lowered.launches, (values, lowered.scratch))
 
     def _enqueue(self, launch) -> None:
-        self.driver.launch(launch, self.rt.stream.cuda_stream)
+        self.driver.launch(launch, self.rt.handle)
 
     def _copy(self, dst, src) -> None:
-        with self.rt.torch.cuda.stream(self.rt.stream):
-            dst.copy_(src, non_blocking=True)
+        self.rt.copy(dst, src)
 
     def execute(self, executable: CudaExecutable) -> None:
         if executable.graph is not None:

@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
-from parity.backends.cuda.driver import Driver
 from parity.backends.cuda.nvrtc import Compiler
+from parity.backends.gpu.driver import Driver
 
 KERNELS = Path(__file__).parent / "kernels"
 

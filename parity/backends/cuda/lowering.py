@@ -20,15 +20,8 @@ from typing import Any
 
 import attrs
 
-from parity.backends.cuda.driver import (
-    AttnArg,
-    GemvSegsArg,
-    Launch,
-    Q8Arg,
-    RopeArg,
-    pack,
-    pointer,
-)
+from parity.backends.cuda.kernel_args import AttnArg, GemvSegsArg, Q8Arg, RopeArg
+from parity.backends.gpu.driver import Launch, pack, pointer
 from parity.backends.gpu.runtime import Q8Value
 from parity.core.dtypes import DType
 from parity.core.ir import Graph, Node, Op

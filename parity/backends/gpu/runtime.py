@@ -2,7 +2,9 @@
 stream per runtime, events, pinned host buffers and CUDA graphs; the backends bring kernels.
 
 Everything a backend enqueues goes on the runtime's one stream, in the order called, which is
-the Backend API's queue; ``synchronize`` waits for it once per step. Values live in torch
+the Backend API's queue; ``synchronize`` waits for it once per step. A step's own transfers and
+graph replays go straight to the driver (``Driver``: a few microseconds a call, where torch's
+copies under a stream context cost tens). Values live in torch
 tensors: F32 and I32 values as themselves, Q8A values as ``Q8Value`` (quants, scales, sums).
 Weights are uploaded once, from the memory-mapped GGUF bytes in slices (no host copy of the
 file), and stay resident as the GGUF's own bytes.
@@ -19,6 +21,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from parity.backends.gpu.driver import Driver
 from parity.backends.gpu.pinned import PinnedPool
 from parity.core.dtypes import QK, DType
 from parity.errors import BackendError
@@ -56,6 +59,8 @@ class GpuRuntime:
         with torch.cuda.device(self.device):
             torch.cuda.init()
             self.stream = torch.cuda.Stream(self.device)
+        self.handle = self.stream.cuda_stream  # the CUstream the driver calls take
+        self.driver = Driver(index)
         self.properties = torch.cuda.get_device_properties(self.device)
         self.capturing = False
         self.pool = PinnedPool(self._pin, pinned=pinned, capturing=lambda: self.capturing)
@@ -111,16 +116,39 @@ class GpuRuntime:
 
     def upload(self, dst: Any, host: np.ndarray) -> None:
         """Copy a host array into a device tensor of the same bytes."""
-        src = self.torch.from_numpy(np.ascontiguousarray(host).reshape(-1).view(np.uint8))
-        with self.torch.cuda.stream(self.stream):
-            dst.view(-1).view(self.torch.uint8).copy_(src, non_blocking=True)
+        host = np.ascontiguousarray(host)
+        self._check_bytes(dst, host.nbytes, "upload")
+        self.driver.copy("h2d", dst.data_ptr(), host.ctypes.data, host.nbytes, self.handle)
 
     def download(self, src: Any, out: np.ndarray) -> None:
+        """Queue a copy of a device tensor into a host array of the same bytes (complete once
+        the stream is synchronized)."""
         if not out.flags.c_contiguous:  # a reshape would copy, and the data land elsewhere
             raise BackendError("download needs a C-contiguous host array")
-        dst = self.torch.from_numpy(out.reshape(-1).view(np.uint8))
+        self._check_bytes(src, out.nbytes, "download")
+        self.driver.copy("d2h", out.ctypes.data, src.data_ptr(), out.nbytes, self.handle)
+
+    def copy(self, dst: Any, src: Any) -> None:
+        """Queue a device copy between tensors: one driver call when both are contiguous and the
+        same size, else torch's strided copy."""
+        nbytes = src.numel() * src.element_size()
+        if (
+            dst.is_contiguous()
+            and src.is_contiguous()
+            and dst.numel() * dst.element_size() == nbytes
+        ):
+            self.driver.copy("d2d", dst.data_ptr(), src.data_ptr(), nbytes, self.handle)
+            return
         with self.torch.cuda.stream(self.stream):
-            dst.copy_(src.reshape(-1).view(self.torch.uint8), non_blocking=True)
+            dst.copy_(src, non_blocking=True)
+
+    @staticmethod
+    def _check_bytes(tensor: Any, nbytes: int, what: str) -> None:
+        if not tensor.is_contiguous() or tensor.numel() * tensor.element_size() != nbytes:
+            raise BackendError(
+                f"{what} of {nbytes} bytes into a device buffer of {tuple(tensor.shape)} "
+                f"{tensor.dtype}: the buffer must be contiguous and of the same size"
+            )
 
     def upload_weight(
         self, raw: np.ndarray, what: str, progress: Callable[[int], None] | None = None
@@ -165,5 +193,10 @@ class GpuRuntime:
         return graph
 
     def replay(self, graph: Any) -> None:
-        with self.torch.cuda.stream(self.stream):
-            graph.replay()
+        """Queue a replay of a graph made by ``capture``."""
+        graph_exec = getattr(graph, "raw_cuda_graph_exec", None)
+        if graph_exec is None:  # torch before 2.8: its own replay, on the current stream
+            with self.torch.cuda.stream(self.stream):
+                graph.replay()
+            return
+        self.driver.launch_graph(graph_exec(), self.handle)

@@ -32,6 +32,12 @@ __global__ void swiglu_f32(float* y, const float* g, const float* u, i64 n) {
         y[i] = __fmul_rn(p_silu(g[i]), u[i]);
 }
 
+// x += by: the positions a decode step keeps on the device, advanced after each run
+__global__ void advance_i32(int* x, int n, int by) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        x[i] += by;
+}
+
 // ---- Q8 activation quantization --------------------------------------------------------------
 
 // x (rows, K) -> Q8A (q (rows, K), d and s (rows, K/32)); one warp per block

@@ -1,10 +1,13 @@
-"""The few CUDA driver calls the cuda backend makes itself, through ctypes: load a cubin, find its
-kernels, launch them on torch's stream.
+"""The few CUDA driver calls parity's GPU backends make themselves, through ctypes: load a
+cubin, find its kernels, launch them, copy memory and launch captured graphs on the runtime's
+stream.
 
-Launches are the hot path of an eager step (prefill runs hundreds), so a ``Launch`` is built
-once, when a split is prepared: its kernel, grid, block, shared memory and the packed
-``void*[]`` of its arguments (buffers are bound at prepare, so the pointers never change). A
-launch is then one foreign call. Inside a CUDA graph capture the same calls are recorded.
+These are a step's hot path. torch's copies and its ``torch.cuda.stream`` context cost tens of
+microseconds of Python a call, more than the copy; a driver call through ctypes costs a few.
+Launches are built once, when a split is prepared: a ``Launch`` holds its kernel, grid, block,
+shared memory and the packed ``void*[]`` of its arguments (buffers are bound at prepare, so the
+pointers never change). A launch is then one foreign call. Inside a CUDA graph capture the same
+calls are recorded.
 
 torch owns the context (the device's primary context); ``Driver`` makes it current on the
 calling thread before loading modules, so kernels and torch's tensors live in one context.
@@ -48,6 +51,17 @@ class Driver:
         self.context = context
         self.make_current()
         self._launch = lib.cuLaunchKernel
+        size = ctypes.c_size_t
+        copies = {  # (the _v2 symbols are the 64-bit ones cuda.h's names stand for)
+            "h2d": (lib.cuMemcpyHtoDAsync_v2, [ctypes.c_uint64, vp, size, vp]),
+            "d2h": (lib.cuMemcpyDtoHAsync_v2, [vp, ctypes.c_uint64, size, vp]),
+            "d2d": (lib.cuMemcpyDtoDAsync_v2, [ctypes.c_uint64, ctypes.c_uint64, size, vp]),
+        }
+        for fn, argtypes in copies.values():
+            fn.argtypes, fn.restype = argtypes, i
+        self._copies = {kind: fn for kind, (fn, _) in copies.items()}
+        lib.cuGraphLaunch.argtypes, lib.cuGraphLaunch.restype = [vp, vp], i
+        self._graph_launch = lib.cuGraphLaunch
 
     def make_current(self) -> None:
         self.check(self.lib.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
@@ -104,71 +118,20 @@ class Driver:
         if result:
             self.check(result, f"launching {launch.name}")
 
+    def copy(self, kind: str, dst: int, src: int, nbytes: int, stream: int) -> None:
+        """Queue a copy of ``nbytes`` on ``stream``: ``kind`` is ``h2d``, ``d2h`` or ``d2d``;
+        ``dst`` and ``src`` are addresses (a device pointer, or a host array's data). From
+        pageable host memory the driver stages the bytes before it returns."""
+        if nbytes:
+            result = self._copies[kind](dst, src, nbytes, stream)
+            if result:
+                self.check(result, f"a {nbytes}-byte {kind} copy")
 
-class Q8Arg(ctypes.Structure):
-    """``struct Q8`` of matmul.cu."""
-
-    _fields_ = [("q", ctypes.c_void_p), ("d", ctypes.c_void_p), ("s", ctypes.c_void_p)]
-
-
-class AttnArg(ctypes.Structure):
-    """``struct AttnArgs`` of attention.cu."""
-
-    _fields_ = (
-        [
-            (name, ctypes.c_void_p)
-            for name in (
-                "q",
-                "k",
-                "v",
-                "positions",
-                "out",
-                "oq",
-                "od",
-                "os",
-                "part",
-                "pmax",
-                "tickets",
-            )
-        ]
-        + [
-            (name, ctypes.c_int)
-            for name in ("n_head", "n_head_kv", "n_ctx", "chunks_per_split", "n_split")
-        ]
-        + [("scale", ctypes.c_float)]
-    )
-
-
-class RopeArg(ctypes.Structure):
-    """``struct RopeArgs`` of rows.cu (a second rope or the v rows: null / 0 when absent)."""
-
-    _fields_ = [
-        (name, ctypes.c_void_p)
-        for name in ("y0", "x0", "cache0", "y1", "x1", "cache1", "v", "v_cache", "positions",
-                     "cos_t", "sin_t")
-    ] + [
-        (name, ctypes.c_int)
-        for name in ("heads0", "heads1", "v_width", "n_tokens", "head_dim", "n_rot")
-    ]  # fmt: skip
-
-
-class GemvSegArg(ctypes.Structure):
-    """``struct GemvSeg`` of matmul.cu."""
-
-    _fields_ = [
-        ("y", ctypes.c_void_p),
-        ("w", ctypes.c_void_p),
-        ("bias", ctypes.c_void_p),
-        ("row_bytes", ctypes.c_longlong),
-        ("N", ctypes.c_int),
-        ("blocks", ctypes.c_int),
-    ]
-
-
-class GemvSegsArg(ctypes.Structure):
-    """``struct GemvSegs`` of matmul.cu: up to three products in one launch (unused: N = 0)."""
-
-    _fields_ = [("s0", GemvSegArg), ("s1", GemvSegArg), ("s2", GemvSegArg)]
+    def launch_graph(self, graph_exec: int, stream: int) -> None:
+        """Queue a replay of an instantiated CUDA graph on ``stream``."""
+        result = self._graph_launch(graph_exec, stream)
+        if result:
+            self.check(result, "launching a captured graph")
 
 
 @attrs.define(eq=False)

@@ -1,0 +1,72 @@
+"""The argument structs of the cuda backend's kernels, laid out as the ``.cu`` sources declare
+them (a kernel takes one by value; ``pack`` passes it through)."""
+
+from __future__ import annotations
+
+import ctypes
+
+
+class Q8Arg(ctypes.Structure):
+    """``struct Q8`` of matmul.cu."""
+
+    _fields_ = [("q", ctypes.c_void_p), ("d", ctypes.c_void_p), ("s", ctypes.c_void_p)]
+
+
+class AttnArg(ctypes.Structure):
+    """``struct AttnArgs`` of attention.cu."""
+
+    _fields_ = (
+        [
+            (name, ctypes.c_void_p)
+            for name in (
+                "q",
+                "k",
+                "v",
+                "positions",
+                "out",
+                "oq",
+                "od",
+                "os",
+                "part",
+                "pmax",
+                "tickets",
+            )
+        ]
+        + [
+            (name, ctypes.c_int)
+            for name in ("n_head", "n_head_kv", "n_ctx", "chunks_per_split", "n_split")
+        ]
+        + [("scale", ctypes.c_float)]
+    )
+
+
+class RopeArg(ctypes.Structure):
+    """``struct RopeArgs`` of rows.cu (a second rope or the v rows: null / 0 when absent)."""
+
+    _fields_ = [
+        (name, ctypes.c_void_p)
+        for name in ("y0", "x0", "cache0", "y1", "x1", "cache1", "v", "v_cache", "positions",
+                     "cos_t", "sin_t")
+    ] + [
+        (name, ctypes.c_int)
+        for name in ("heads0", "heads1", "v_width", "n_tokens", "head_dim", "n_rot")
+    ]  # fmt: skip
+
+
+class GemvSegArg(ctypes.Structure):
+    """``struct GemvSeg`` of matmul.cu."""
+
+    _fields_ = [
+        ("y", ctypes.c_void_p),
+        ("w", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("row_bytes", ctypes.c_longlong),
+        ("N", ctypes.c_int),
+        ("blocks", ctypes.c_int),
+    ]
+
+
+class GemvSegsArg(ctypes.Structure):
+    """``struct GemvSegs`` of matmul.cu: up to three products in one launch (unused: N = 0)."""
+
+    _fields_ = [("s0", GemvSegArg), ("s1", GemvSegArg), ("s2", GemvSegArg)]
