@@ -22,7 +22,7 @@ from parity.core.backend import CaptureResult, Device, Executable
 from parity.core.dtypes import DType
 from parity.core.ir import Op
 from parity.core.runtime import Runtime
-from parity.errors import BackendError, InputError
+from parity.errors import BackendError, ContextLengthError, InputError
 from parity.generation.session import Session
 from parity.gguf.writer import tiny_bpe_tokenizer
 
@@ -126,13 +126,18 @@ class Measured(CpuBackend):
 ITERATORS = 512  # bytes: the few loop iterators a step keeps alive at once
 
 
-@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
-def test_a_decode_step_allocates_nothing(model, greedy):
+@pytest.mark.parametrize(
+    "greedy, queues", [(True, False), (True, True), (False, False)],
+    ids=["greedy", "greedy-ahead", "sampled"],
+)  # fmt: skip
+def test_a_decode_step_allocates_nothing(model, greedy, queues):
     """64 decode steps through the session and the runtime: nothing they allocate outlives a
     step, and at no moment do they hold more than a few loop iterators (no dict, no list, no
     array a step builds for itself). What the cpu backend's kernels allocate inside a call
-    (numba's scratch: a row's terms, attention's laid-out keys) is theirs and not counted."""
+    (numba's scratch: a row's terms, attention's laid-out keys) is theirs and not counted.
+    ``queues``: as on a GPU, each greedy step is started ahead."""
     backend = Measured()
+    backend.queues = queues
     session = session_on(backend, model)
     token = session.prefill([5, 9, 13], greedy=greedy)
 
@@ -199,25 +204,6 @@ def test_sampled_decode_moves_its_token_up_and_its_logits_down(model):
 
 
 def test_downloads_wait_for_one_synchronize_a_step(model):
-    class Queued(Counting):
-        """Downloads land only when synchronize() runs, as on a CUDA stream."""
-
-        name = "queued"
-
-        def __init__(self):
-            super().__init__()
-            self.pending, self.syncs = [], 0
-
-        def download(self, buffer, out):
-            self.down += out.nbytes
-            self.pending.append((buffer.copy(), out))
-
-        def synchronize(self):
-            self.syncs += 1
-            for value, out in self.pending:
-                out[...] = value
-            self.pending.clear()
-
     backend = Queued()
     session = session_on(backend, model)
     want = session_on(CpuBackend(Device("cpu")), model)
@@ -228,6 +214,97 @@ def test_downloads_wait_for_one_synchronize_a_step(model):
         got.append(session.step(got[-1], greedy=True))
         ref.append(want.step(ref[-1], greedy=True))
     assert got == ref and backend.syncs == syncs + 5  # once per step, and that is enough
+
+
+class Queued(Counting):
+    """Downloads land only when synchronize() runs, as on a CUDA stream; and it says it queues,
+    so greedy sessions start the next step before handing a token back."""
+
+    name = "queued"
+    queues = True
+
+    def __init__(self):
+        super().__init__()
+        self.pending, self.syncs = [], 0
+
+    def download(self, buffer, out):
+        self.down += out.nbytes
+        self.pending.append((buffer.copy(), out))
+
+    def synchronize(self):
+        self.syncs += 1
+        for value, out in self.pending:
+            out[...] = value
+        self.pending.clear()
+
+
+def _greedy(session, prompt, n):
+    tokens = [session.prefill(prompt, greedy=True)]
+    for _ in range(n):
+        tokens.append(session.step(tokens[-1], greedy=True))
+    return tokens
+
+
+def test_greedy_decode_on_a_queue_starts_each_step_ahead(model):
+    """Where the backend queues, the step after a greedy token is started before the token is
+    handed back (the first one right after the prefill); the tokens are the same."""
+    backend = Queued()
+    session = session_on(backend, model)
+    want = _greedy(session_on(CpuBackend(Device("cpu")), model), [5, 9, 13, 2], 12)
+    first = session.prefill([5, 9, 13, 2], greedy=True)
+    executes = backend.executes
+    assert session._ahead is not None  # the first decode step is already queued
+    got = [first]
+    for _ in range(12):
+        got.append(session.step(got[-1], greedy=True))
+        assert session._ahead is not None
+    assert got == want
+    assert backend.executes == executes + 12  # each step once: the one started ahead is used
+    backend.moved()
+    session.step(got[-1], greedy=True)
+    assert backend.moved() == (0, 4)  # fed and positioned on the device, one id read back
+
+
+def test_a_step_started_ahead_is_dropped_when_the_caller_goes_another_way(model):
+    spec, _ = model
+    prompt = [5, 9, 13, 2]
+    session = session_on(Queued(), model)
+    reference = session_on(CpuBackend(Device("cpu")), model)
+    tokens = _greedy(session, prompt, 4)
+    assert tokens == _greedy(reference, prompt, 4)
+    forced = (tokens[-1] + 1) % spec.n_vocab  # not the token the step ahead was fed
+    got = [session.step(forced, greedy=True) for forced in (forced,)]
+    got.append(session.step(got[-1], greedy=True))
+    want = [reference.step(forced, greedy=True)]
+    want.append(reference.step(want[-1], greedy=True))
+    assert got == want  # the dropped step's KV row was overwritten, never read
+    logits = session.step(got[-1], greedy=False)  # logits after a step was started ahead
+    assert logits.tobytes() == reference.step(want[-1], greedy=False).tobytes()
+    again = _greedy(session, [7, 7, 1], 3)  # a new prompt, with a step in flight
+    assert again == _greedy(reference, [7, 7, 1], 3)
+    session.reset()
+    assert _greedy(session, prompt, 2) == _greedy(reference, prompt, 2)
+
+
+def test_no_step_starts_ahead_past_the_context_or_off_a_queue(model):
+    spec, weights = model
+    backend = Queued()
+    session = Session(Runtime([backend], weights), DecoderGraphs(spec), 8, n_batch=4)
+    reference = Session(
+        Runtime([CpuBackend(Device("cpu"))], weights), DecoderGraphs(spec), 8, n_batch=4
+    )
+    got, want = _greedy(session, [3, 4, 5], 4), _greedy(reference, [3, 4, 5], 4)
+    assert got == want and session.n_tokens == 7
+    assert session._ahead is not None  # position 7, the last the context holds
+    got.append(session.step(got[-1], greedy=True))
+    assert session.n_tokens == 8 and session._ahead is None  # no room for another
+    with pytest.raises(ContextLengthError):
+        session.step(got[-1], greedy=True)
+    assert reference._ahead is None  # the cpu backend computes on the spot: nothing ahead
+    off = session_on(Queued(), model)
+    off.look_ahead = False
+    _greedy(off, [3, 4, 5], 2)
+    assert off._ahead is None
 
 
 # -- 2. inputs checked once -----------------------------------------------------------------

@@ -16,8 +16,8 @@ Life of a model on a backend::
     copy_from(slot, buffer, source)   inputs fed from an earlier step's outputs (on device)
     execute(exe)                      reads exe.inputs, writes exe.outputs (and the states)
     download(exe.outputs[i], host)    readback into the runtime's own host arrays
-    synchronize()                     once, before the host reads anything
     increment(slot, I32, shape, 1)    (positions kept on the device advance for the next step)
+    synchronize()                     once, before the host reads anything
     -- now and then --
     capture(exe) -> replayable exe    (optional) once a step has run a few times (CUDA graphs)
     zero(state)                       a new sequence
@@ -34,7 +34,10 @@ Ordering: a backend may enqueue ``upload``, ``copy_from``, ``execute``, ``downlo
 and ``increment`` on one queue (a CUDA stream) and return at once; they must take effect in the
 order called. The runtime calls ``synchronize`` once per step, after the last download and before
 the host reads any result, and before it reads a host array it staged a cross-backend copy in.
-Host arrays handed to ``upload`` are left unchanged until the next ``synchronize``.
+Host arrays handed to ``upload`` are left unchanged until the next ``synchronize``. A backend
+that queues says so (``queues = True``): a session may then start the next greedy decode step
+before it waits for the current one (``Step.start`` / ``Step.finish``), so the host's work
+overlaps the device's.
 
 Idempotence: running a split twice on the same inputs gives the same outputs and leaves states
 as one run does (KV_WRITE rewrites the same rows). Capture verification relies on it.
@@ -144,6 +147,9 @@ class Backend:
     # "nmse<=1e-5", keyed "OP:TYPE", "OP" or "*"; the conformance kit and `parity compare`
     # enforce it, and the scheduler reads it (a bounded node is "fast")
     manifest: ClassVar[Mapping[str, str]] = {"*": "exact"}
+    # True when the per-step calls enqueue and return before the work is done (a GPU stream);
+    # False when they compute on the spot (cpu), where starting a step early gains nothing
+    queues: ClassVar[bool] = False
 
     def __init__(
         self,

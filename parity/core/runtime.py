@@ -151,6 +151,7 @@ class Step:
         self.bounds = input_bounds(self.rewritten)
         self._capture = runtime.capture
         self.released = False
+        self.in_flight = False  # started, not finished
         self.dependents = 0  # steps fed on the device from this one (which keeps it alive)
         self._prepare(runtime, {new_id[i]: i for i in wanted}, new)
 
@@ -227,6 +228,8 @@ class Step:
         self.inserted: Mapping[int, np.ndarray] = inserted  # by id in ``rewritten``
         self._downloads = downloads
         self._sync = tuple(dict.fromkeys(s.backend for s in splits))
+        # every backend queues its work: ``start`` returns before the step is done
+        self.queues = all(backend.queues for backend in self._sync)
         self._build_feeds()
 
     def _build_feeds(self) -> None:
@@ -354,6 +357,15 @@ class Step:
     def run(self, *, capture: bool | None = None) -> None:
         """One step: inputs checked and moved in, every split executed, outputs downloaded into
         ``outputs``, each backend synchronized once before this returns."""
+        self.start(capture=capture)
+        self.finish()
+
+    def start(self, *, capture: bool | None = None) -> None:
+        """``run`` without the wait: everything is queued (inputs, splits, downloads, the kept
+        inputs' advance) and, on a backend that queues (``Backend.queues``), still running when
+        this returns. ``finish`` waits for it; until then ``outputs`` are not valid, and the
+        host buffers the step uploads from must not be written."""
+        self.finish()  # (a run still in flight first: its host buffers are about to change)
         if self.released:
             raise BackendError(
                 "this step was released (its runtime cleared its states or evicted it); get "
@@ -377,12 +389,20 @@ class Step:
             self._execute(split, use_capture)
         for fn, args in self._downloads:
             fn(*args)
-        for backend in self._sync:
-            backend.synchronize()
-        for fn, args in self._advance_actions:
+        for fn, args in self._advance_actions:  # (queued after the splits that read them)
             fn(*args)
         for _, feed in self._kept:
             feed.high += feed.advance
+        self.in_flight = True
+
+    def finish(self) -> None:
+        """Wait for the run ``start`` queued (each backend synchronized once): ``outputs`` hold
+        its values. Returns at once when nothing is in flight."""
+        if not self.in_flight:
+            return
+        self.in_flight = False
+        for backend in self._sync:
+            backend.synchronize()
 
     def _upload_kept(self, name: str, feed: _Feed) -> None:
         for backend, slot in self._input_slots[name]:
@@ -477,6 +497,7 @@ class Step:
         """Free what the backends made for this step; it cannot run again."""
         if self.released:
             return
+        self.finish()  # nothing it queued is still running on what is released
         self.released = True
         for name in self._feeds:  # let go of the steps that fed this one
             self._set_feed(name, _Feed())

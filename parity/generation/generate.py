@@ -59,7 +59,10 @@ class GenerationStats:
     reused_tokens: int = 0  # prompt tokens whose KV came from the cache
     generated_tokens: int = 0
     prefill_s: float = 0.0  # evaluating the prompt, up to the first sampled token
-    step_s: list[float] = attrs.Factory(list)  # each decode step, sampling included
+    # the time from one token to the next, sampling and the generation's own work included and
+    # the caller's time between pieces left out (with a step started ahead, the time inside
+    # Session.step alone would leave out what overlapped)
+    step_s: list[float] = attrs.Factory(list)
 
     @property
     def ttft_s(self) -> float:
@@ -136,7 +139,8 @@ class Generation:
         out = session.prefill(self.prompt, greedy=self.greedy)
         stats.reused_tokens = session.reused
         token = self._pick(out)
-        stats.prefill_s = time.perf_counter() - t0
+        picked = time.perf_counter()
+        stats.prefill_s = picked - t0
         decoder = self.tokenizer.stream_decoder()
         eog = frozenset() if self.ignore_eos else self.tokenizer.eog_ids
         while True:
@@ -156,10 +160,13 @@ class Generation:
             if session.n_tokens >= session.n_ctx:
                 yield self._finish("context", token, emit, decoder)
                 return
+            paused = time.perf_counter()
             yield Piece(emit, token)
-            t0 = time.perf_counter()
+            resumed = time.perf_counter()
             token = self._pick(session.step(token, greedy=self.greedy))
-            stats.step_s.append(time.perf_counter() - t0)
+            now = time.perf_counter()
+            stats.step_s.append((paused - picked) + (now - resumed))
+            picked = now
 
     def _finish(
         self, reason: str, token: int, emit: str = "", decoder: StreamDecoder | None = None

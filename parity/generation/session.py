@@ -10,6 +10,15 @@ host buffers the runtime owns and reading results from them. Decode keeps the po
 device (it advances there after each step) and, in greedy decoding, feeds the token the last
 step's ARGMAX left on the device straight back in: a greedy decode step reads back one 4-byte id
 and uploads nothing.
+
+On a backend that queues its work (a GPU), greedy decoding looks one step ahead: once a step's
+token is read back, the step for the position after it is started at once, fed that token on
+the device, before the token is handed to the caller. The host's work between tokens (the
+caller's, the sampler's, the next step's own setup) then overlaps the device's, and the first
+decode step starts as soon as the prompt's token is known. When the caller goes another way
+(a different token, logits, a new prompt), the step started ahead is waited for and dropped:
+the KV row it wrote lies past the tokens the cache holds, so nothing reads it, and the next
+step at that position overwrites it.
 """
 
 from __future__ import annotations
@@ -43,7 +52,9 @@ class Session:
 
     ``capture_prefill=False`` keeps prefill graphs out of graph capture (decode is always
     eligible; a backend captures a step only once it has run a few times). ``slot`` picks the
-    KV cache: sessions of one runtime on different slots hold different sequences."""
+    KV cache: sessions of one runtime on different slots hold different sequences.
+    ``look_ahead=False`` keeps greedy decoding from starting the next step early (on backends
+    that queue; elsewhere it never does)."""
 
     def __init__(
         self,
@@ -54,6 +65,7 @@ class Session:
         *,
         capture_prefill: bool = True,
         slot: int = 0,
+        look_ahead: bool = True,
     ) -> None:
         if n_batch < 1:
             raise ValueError(f"n_batch must be >= 1, got {n_batch}")
@@ -73,6 +85,11 @@ class Session:
         self._fed_from: dict[bool, Step | None] = {False: None, True: None}
         self._last_step: Step | None = None  # the greedy step whose ARGMAX is on the device
         self._last_token = -1  # and that ARGMAX, as read back
+        self.look_ahead = look_ahead
+        # the greedy decode step started ahead (in flight), its position and the token it was
+        # fed on the device (plain fields: a step allocates nothing)
+        self._ahead: Step | None = None
+        self._ahead_position = self._ahead_token = -1
 
     @property
     def tokens(self) -> np.ndarray:
@@ -81,9 +98,17 @@ class Session:
 
     def reset(self) -> None:
         """Forget the cached tokens; the next prompt is evaluated from position 0."""
+        self._settle()
         self.n_tokens = 0
         self._last_step = None
 
+    def _settle(self) -> None:
+        """Wait for a step started ahead and drop it: the caller went another way."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return
+        ahead.finish()
+        self._last_step = None  # the ARGMAX on the device is the dropped step's
     def _append(self, ids: np.ndarray | int) -> None:
         if isinstance(ids, int | np.integer):  # one decode token
             self._ids_held[self.n_tokens] = ids
@@ -131,6 +156,7 @@ class Session:
         Returns the last position's logits (n_vocab,), or its argmax id when ``greedy``."""
         self.check_fits(len(prompt))
         ids = self._ids(prompt)
+        self._settle()
         held = self.tokens[: len(ids)]
         differ = np.flatnonzero(held != ids[: len(held)])
         keep = int(differ[0]) if differ.size else len(held)  # the common prefix
@@ -150,6 +176,7 @@ class Session:
             return out[0]
         token = int(out[0])
         self._last_step, self._last_token = step, token
+        self._start_ahead(token)
         return token
 
     def step(self, token: int, *, greedy: bool) -> np.ndarray | int:
@@ -158,9 +185,34 @@ class Session:
         step is fed to the next one on the device; only the new id is read back."""
         pos = self.n_tokens
         self.check_fits(pos + 1, "the sequence")
-        step = self._decode[greedy]
-        if step.released:  # the runtime cleared its states: its steps are new ones now
-            step = self._renew(greedy)
+        step = self._ahead
+        if (
+            step is not None
+            and greedy
+            and self._ahead_position == pos
+            and self._ahead_token == token
+            and not step.released
+        ):
+            self._ahead = None  # started when ``token`` was read back
+        else:
+            self._settle()
+            step = self._decode[greedy]
+            if step.released:  # the runtime cleared its states: its steps are new ones now
+                step = self._renew(greedy)
+            self._start(step, token, greedy)
+        step.finish()
+        self._append(token)
+        out = step.outputs[step.graph.outputs[0]]
+        if not greedy:
+            self._last_step = None
+            return out[0]
+        self._last_step, self._last_token = step, out.item(0)  # (no numpy scalar on the way)
+        self._start_ahead(self._last_token)
+        return self._last_token
+
+    def _start(self, step: Step, token: int, greedy: bool) -> None:
+        """Feed a decode step ``token`` at the next position and start it."""
+        pos = self.n_tokens
         source = self._last_step
         if greedy and source is not None and self._last_token == token:
             if self._fed_from[greedy] is not source:
@@ -176,17 +228,22 @@ class Session:
         if self._next_position[greedy] != pos:  # the device holds another position: set it
             step.inputs["positions"][0] = pos
             step.keep("positions", advance=1)
-        step.run()
+        step.start()
         self._next_position[greedy] = pos + 1
-        self._append(token)
-        out = step.outputs[step.graph.outputs[0]]
-        if not greedy:
-            self._last_step = None
-            return out[0]
-        self._last_step, self._last_token = step, out.item(0)  # (no numpy scalar on the way)
-        return self._last_token
+
+    def _start_ahead(self, token: int) -> None:
+        """Start the greedy decode step that ``token`` (just read back from the device) feeds,
+        where the backends queue and the context has room."""
+        step = self._decode[True]
+        if not self.look_ahead or self.n_tokens >= self.n_ctx or step.released:
+            return
+        if not step.queues:
+            return
+        self._start(step, token, True)
+        self._ahead, self._ahead_position, self._ahead_token = step, self.n_tokens, token
 
     def _renew(self, greedy: bool) -> Step:
+        self._settle()
         self._decode = {
             g: self.runtime.step(graph, pin=True) for g, graph in self.decode_graphs.items()
         }
@@ -204,6 +261,7 @@ class Session:
         if not 1 <= n_out <= n:
             raise ValueError(f"n_out must be in 1..{n}, got {n_out}")
         ids = self._ids(tokens)
+        self._settle()
         self.n_tokens = 0
         self._last_step = None
         result = np.empty((n_out, self.n_vocab), np.float32)
