@@ -4,6 +4,7 @@ the executable alone between CUDA events, eager and as a replayed graph). Median
 warm-up. Prints one JSON line.
 
     python benchmarks/bench_gpu_steps.py MODEL.gguf [--backend cuda] [--ctx 1024] [--runs 200]
+        [--profile | --first-step | --look-ahead-ab | --host-profile]
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ def main() -> None:
     )
     ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after loading")
     ap.add_argument(
+        "--look-ahead-ab",
+        action="store_true",
+        help="parity bench's figures with greedy look-ahead on and off, alternated, 3 rounds",
+    )
+    ap.add_argument(
         "--host-profile",
         action="store_true",
         help="where a steady greedy decode step's host time goes (cProfile, by own time)",
@@ -47,6 +53,9 @@ def main() -> None:
         gc.freeze()
     if args.first_step:
         first_step(model)
+        return
+    if args.look_ahead_ab:
+        look_ahead_ab(model)
         return
     if args.host_profile:
         host_profile(model)
@@ -127,44 +136,66 @@ def first_step(model, prompt_tokens: int = 512, runs: int = 3) -> None:
 
     def timed_step(self, *a, **k):
         profiler = cProfile.Profile() if state["first"] and state["profile_it"] else None
+        current.clear()
         t0 = time.perf_counter()
         if profiler is not None:
             profiler.enable()
         state["now"] = "first" if state["first"] else "later"
         out = step(self, *a, **k)
-        state["now"] = "other"
         if profiler is not None:
             profiler.disable()
             state["profile"] = profiler
-        state["times"].append((state["first"], time.perf_counter() - t0))
+        took = time.perf_counter() - t0
+        phases[state["now"]].append({"session_step": took, **current})
+        state["now"] = "other"
+        state["times"].append((state["first"], took))
         state["first"] = False
         return out
 
     Session.prefill, Session.step = timed_prefill, timed_step
     backend = model.backends[0]
-    # host time of each phase of a decode step: Step.run whole, the executable's enqueue, the
-    # wait for the GPU (the rest of Step.run is inputs, feeds and downloads)
+    # host time of each Session.step (first after the prefill, later ones), in pieces: the
+    # steps' starts (inputs, feeds, the enqueue, downloads), the executable's enqueue within
+    # them, the wait for the GPU. With a step started ahead, a Session.step waits for its own
+    # step and starts the next; the first decode step itself starts inside the prefill.
     from parity.core.runtime import Step
 
     phases: dict = {"first": [], "later": []}
-    step_run, sync = Step.run, backend.synchronize
+    sync = backend.synchronize
     current: dict = {}
-
-    def phased_run(self, *a, **k):
-        t0 = time.perf_counter()
-        current.update(execute=0.0, sync=0.0)
-        out = step_run(self, *a, **k)
-        if state["now"] in phases:
-            phases[state["now"]].append({"run": time.perf_counter() - t0, **current})
-        return out
 
     def timed_sync():
         t0 = time.perf_counter()
         sync()
         current["sync"] = current.get("sync", 0.0) + time.perf_counter() - t0
 
-    Step.run = phased_run
     backend.synchronize = timed_sync
+    # the pieces of Step.run's own host work, each timed where it is looked up at call time
+    # (instance attributes of the backend and its GPU runtime, methods of Step and Runtime)
+    patched: list = []
+
+    def time_piece(owner, attr: str, key: str) -> None:
+        original = getattr(owner, attr)
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return original(*a, **k)
+            finally:
+                current[key] = current.get(key, 0.0) + time.perf_counter() - t0
+
+        setattr(owner, attr, timed)
+        patched.append((owner, attr, original))
+
+    pieces = [(Step, "start", "start"), (Step, "_check_inputs", "check"),
+              (Step, "_upload_kept", "kept_upload"),
+              (type(model.runtime), "place_states", "place_states"),
+              (backend, "copy_from", "device_copy"), (backend, "increment", "advance"),
+              (backend, "upload", "upload"), (backend, "download", "download")]  # fmt: skip
+    if hasattr(backend, "rt"):
+        pieces += [(backend.rt, "replay", "replay")]
+    for owner, attr, key in pieces:
+        time_piece(owner, attr, key)
     execute = backend.execute
     gpu: list = []  # (where, start event, end event) of every execute
     gc_ms: list = []  # (where, ms) of every garbage collection
@@ -201,10 +232,16 @@ def first_step(model, prompt_tokens: int = 512, runs: int = 3) -> None:
         model.generate(prompt, max_tokens=32, temperature=0.0, ignore_eos=True).complete()
     Session.prefill, Session.step = prefill, step
     backend.execute = execute
-    Step.run, backend.synchronize = step_run, sync
+    backend.synchronize = sync
+    for owner, attr, original in reversed(patched):
+        if owner in (Step, type(model.runtime)):
+            setattr(owner, attr, original)
+        else:
+            delattr(owner, attr)  # back to the class's method
+    keys = ("session_step", "execute", "sync", *dict.fromkeys(key for _, _, key in pieces))
     print(json.dumps({  # first: the runs' first steps (the profiled run's included)
-        f"host_us_{now}": {k: round(statistics.median(p[k] for p in runs) * 1e6, 1)
-                           for k in ("run", "execute", "sync")}
+        f"host_us_{now}": {k: round(statistics.median(p.get(k, 0.0) for p in runs) * 1e6, 1)
+                           for k in keys}
         for now, runs in phases.items() if runs
     }))  # fmt: skip
     gc.callbacks.remove(on_gc)
@@ -234,6 +271,27 @@ def first_step(model, prompt_tokens: int = 512, runs: int = 3) -> None:
     text = io.StringIO()
     pstats.Stats(state["profile"], stream=text).sort_stats("cumulative").print_stats(18)
     print(text.getvalue()[-4000:])
+
+
+def look_ahead_ab(model, rounds: int = 3) -> None:
+    """``parity bench``'s decode figures (prompts of 1 and 512 tokens, 128 generated) with the
+    session's look-ahead on and off, alternated in one process; medians over the rounds."""
+    from parity.measure.bench import bench
+
+    keys = ("decode_tok_s", "ttft_ms", "first_step_ms", "step_ms")
+    for prompt in (1, 512):
+        runs: dict = {True: [], False: []}
+        for _ in range(rounds):
+            for on in (True, False):
+                model.session.look_ahead = on
+                runs[on].append(bench(model, prompt, 128).to_dict())
+        model.session.look_ahead = True
+        print(json.dumps({
+            "prompt_tokens": prompt,
+            **{f"look_ahead_{'on' if on else 'off'}": {
+                k: round(statistics.median(r[k] for r in rs), 3) for k in keys}
+               for on, rs in runs.items()},
+        }))  # fmt: skip
 
 
 def host_profile(model, steps: int = 200) -> None:
