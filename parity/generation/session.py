@@ -109,6 +109,7 @@ class Session:
             return
         ahead.finish()
         self._last_step = None  # the ARGMAX on the device is the dropped step's
+
     def _append(self, ids: np.ndarray | int) -> None:
         if isinstance(ids, int | np.integer):  # one decode token
             self._ids_held[self.n_tokens] = ids
