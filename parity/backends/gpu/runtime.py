@@ -4,10 +4,10 @@ stream per runtime, events, pinned host buffers and CUDA graphs; the backends br
 Everything a backend enqueues goes on the runtime's one stream, in the order called, which is
 the Backend API's queue; ``synchronize`` waits for it once per step. A step's own transfers and
 graph replays go straight to the driver (``Driver``: a few microseconds a call, where torch's
-copies under a stream context cost tens). Values live in torch
-tensors: F32 and I32 values as themselves, Q8A values as ``Q8Value`` (quants, scales, sums).
-Weights are uploaded once, from the memory-mapped GGUF bytes in slices (no host copy of the
-file), and stay resident as the GGUF's own bytes.
+copies under a stream context cost tens). Values live in torch tensors: F32 and I32 values as
+themselves, Q8A values as ``Q8Value`` (quants, scales, sums). Weights are uploaded once, from
+the memory-mapped GGUF bytes in slices (no host copy of the file), and stay resident as the
+GGUF's own bytes.
 
 Imports torch when constructed, never at module import, so discovery stays light.
 """
@@ -146,8 +146,8 @@ class GpuRuntime:
     def _check_bytes(tensor: Any, nbytes: int, what: str) -> None:
         if not tensor.is_contiguous() or tensor.numel() * tensor.element_size() != nbytes:
             raise BackendError(
-                f"{what} of {nbytes} bytes into a device buffer of {tuple(tensor.shape)} "
-                f"{tensor.dtype}: the buffer must be contiguous and of the same size"
+                f"{what} of a {nbytes}-byte host array against a device buffer of "
+                f"{tuple(tensor.shape)} {tensor.dtype}: it must be contiguous and as large"
             )
 
     def upload_weight(
