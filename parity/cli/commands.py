@@ -276,8 +276,9 @@ def models(args: argparse.Namespace) -> int:
         where = d.get("path") if d.get("cached") else "not pulled"
         size = f"{d['size'] / 1e6:8.1f} MB" if d.get("size") else " " * 11
         print(f"{d['name']:<22} {size}  {where}")
-        if d.get("description"):
-            print(f"{'':<22} {d['description']}")
+        about = [d[k] for k in ("description", "license") if d.get(k)]
+        if about:
+            print(f"{'':<22} {' · license: '.join(about)}")
     return 0
 
 
@@ -289,10 +290,13 @@ def _status_dict(status: ModelStatus) -> dict:
 
 
 def tokenize(args: argparse.Namespace) -> int:
-    from parity.model import load
+    from parity.gguf.reader import read_gguf
+    from parity.hub.registry import resolve_model
+    from parity.text.tokenizer import Tokenizer
 
     text = _read_arg_or_stdin(args.text, "text")
-    tok = load(_model_ref(args), backends=()).tokenizer  # no backend: nothing to upload
+    # the tokenizer alone: from the file's metadata, whatever its architecture
+    tok = Tokenizer.from_metadata(read_gguf(resolve_model(_model_ref(args))).metadata)
     ids = tok.encode(
         text, add_bos=False if args.no_bos else None, parse_special=not args.no_parse_special
     )

