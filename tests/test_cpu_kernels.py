@@ -215,6 +215,19 @@ def test_attention_matches_numpy(heads: int, kv: int, positions: list[int]) -> N
         same_bits(jit_ops.attention_op(q, k, v, pos, arg=arg), want)
 
 
+@pytest.mark.parametrize("window", [1, 7, 256, 300])
+def test_attention_sliding_window_matches_numpy(window: int) -> None:
+    rng = np.random.default_rng(window)
+    pos = np.array([0, 9, 255, 256, 530, 599, 300], np.int32)
+    q = rng.standard_normal((len(pos), 4 * 64)).astype(F32)
+    k = rng.standard_normal((600, 2 * 64)).astype(F32)
+    v = rng.standard_normal((600, 2 * 64)).astype(F32)
+    v[520:560] = -0.0  # chunk numerators of -0.0 for some tokens
+    arg = AttentionArg(4, 2, 64, 0.125, window)
+    kw = {"n_head": 4, "n_head_kv": 2, "head_dim": 64, "scale": 0.125, "window": window}
+    same_bits(jit_ops.attention_op(q, k, v, pos, arg=arg), ops.attention(q, k, v, pos, **kw))
+
+
 def test_attention_signed_zero_chunks() -> None:
     """With every v = -0.0: p = 0 and 256 give +0.0, p = 255 gives -0.0 (the padding adds)."""
     rng = np.random.default_rng(2)

@@ -450,3 +450,67 @@ def test_tiled_matches_definition_on_special_values(kind, n_head, n_head_kv, hea
         minus = np.signbit(want).all(axis=1)  # -0.0 where the last chunk is whole
         assert minus.tolist() == [p in (255, 511) for p in positions.tolist()]
     assert_same_u32(tiled.attention_tiled(q, k, v, positions, **kw), want)
+
+
+# -- sliding windows -----------------------------------------------------------------------
+
+
+def window_fold(terms: dict[int, np.float32], lo: int, p: int) -> np.float32:
+    """The 256-slot chunk trees lo // 256 .. p // 256 folded left to right, slots outside
+    lo..p (not in ``terms``) being +0.0."""
+    acc = None
+    for c in range(lo // 256, p // 256 + 1):
+        slots = [terms.get(j, F32(0.0)) for j in range(c * 256, c * 256 + 256)]
+        acc = tree(slots) if acc is None else F32(acc + tree(slots))
+    return acc
+
+
+def windowed_scalar(q, k, v, positions, *, n_head, n_head_kv, head_dim, scale, window):
+    """The windowed contract as scalar loops: a token at p reads positions lo..p,
+    lo = max(0, p - window + 1)."""
+    d, rep = head_dim, n_head // n_head_kv
+    out = np.zeros_like(q)
+    for t, p in enumerate(positions):
+        lo = max(0, p - window + 1)
+        for h in range(n_head):
+            g = h // rep
+            qh = q[t, h * d : (h + 1) * d]
+            s = {}
+            for j in range(lo, p + 1):
+                kj = k[j, g * d : (g + 1) * d]
+                s[j] = F32(tree([F32(a * b) for a, b in zip(qh, kj, strict=True)]) * scale)
+            m = max(s.values())
+            e = {j: F32(exp(F32(sj - m))) for j, sj in s.items()}
+            den = window_fold(e, lo, p)
+            for i in range(d):
+                terms = {j: F32(ej * v[j, g * d + i]) for j, ej in e.items()}
+                out[t, h * d + i] = F32(window_fold(terms, lo, p) / den)
+    return out
+
+
+@pytest.mark.parametrize("attention", [ops.attention, tiled.attention_tiled])
+def test_sliding_window_matches_scalar_loop_bitwise(attention) -> None:
+    kw = {"n_head": 4, "n_head_kv": 2, "head_dim": 4, "scale": float(F32(0.5))}
+    q, k, v = make(3, 800, 4, 2, 4, 6, q_scale=4.0)
+    positions = np.array([0, 5, 300, 511, 767, 700], dtype=np.int32)
+    window = 256
+    v[600:640, :] = -0.0  # a chunk whose numerator is -0.0 for some rows
+    k[6:45], v[6:45] = np.nan, np.inf  # read by no window (tokens at 0 and 5 read 0..5)
+    k[768:], v[768:] = np.nan, np.inf  # past every position
+    got = attention(q, k, v, positions, **kw, window=window)
+    want = windowed_scalar(q, k, v, positions, **kw, window=window)
+    assert got.tobytes() == want.tobytes()
+    assert np.all(np.isfinite(got))
+
+
+def test_sliding_window_limits() -> None:
+    kw = {"n_head": 4, "n_head_kv": 2, "head_dim": 8, "scale": float(F32(0.25))}
+    q, k, v = make(5, 600, 4, 2, 8, 3)
+    positions = np.array([0, 299, 599], dtype=np.int32)
+    full = ops.attention(q, k, v, positions, **kw)
+    assert ops.attention(q, k, v, positions, **kw, window=600).tobytes() == full.tobytes()
+    one = ops.attention(q, k, v, positions, **kw, window=1)  # softmax of one: v itself
+    want = np.repeat(v[positions].reshape(3, 2, 1, 8), 2, axis=2).reshape(3, 32)
+    assert one.tobytes() == want.tobytes()
+    with pytest.raises(ValueError, match="window"):
+        ops.attention(q, k, v, positions, **kw, window=-1)

@@ -166,16 +166,21 @@ def _rope(n_head: int, head_dim: int, n_rot: int, mode: str, n_ctx: int, base: f
     return make
 
 
-def _attention(n_head: int, n_kv: int, head_dim: int, start: int, t: int, n_ctx: int):
+def _attention(
+    n_head: int, n_kv: int, head_dim: int, start: int, t: int, n_ctx: int, window: int = 0
+):
     """Tokens at positions start..start+t-1 attend over a cache whose earlier rows hold
-    history and whose later rows hold SENTINEL."""
+    history and whose later rows hold SENTINEL; with a sliding ``window``, so do the rows
+    before the first one any of the tokens reads."""
 
     def make(g: _Builder) -> Ref:
         width = n_kv * head_dim
+        unread = max(0, start - window + 1) if window else 0  # rows below are never read
         caches = []
         for name in ("k", "v"):
             cache = np.full((n_ctx, width), SENTINEL, np.float32)
             cache[:start] = activations(g.rng, (start, width), special=name == "v") if start else 0
+            cache[:unread] = SENTINEL
             caches.append(g.state(name, cache))
         pos = g.input("pos", np.arange(start, start + t, dtype=np.int32))
         k = g.input("k_new", activations(g.rng, (t, width), special=False))
@@ -184,7 +189,8 @@ def _attention(n_head: int, n_kv: int, head_dim: int, start: int, t: int, n_ctx:
         vc = g.op(Op.KV_WRITE, caches[1], v, pos)
         q = g.input("q", activations(g.rng, (t, n_head * head_dim), special=False))
         scale = float(np.float32(1 / np.sqrt(head_dim)))
-        return g.op(Op.ATTENTION, q, kc, vc, pos, arg=AttentionArg(n_head, n_kv, head_dim, scale))
+        arg = AttentionArg(n_head, n_kv, head_dim, scale, window)
+        return g.op(Op.ATTENTION, q, kc, vc, pos, arg=arg)
 
     return make
 
@@ -380,6 +386,24 @@ def op_suite() -> list[CaseSpec]:
                     _attention(spec.n_head, spec.n_head_kv, spec.head_dim, start, t, n_ctx),
                 )
             )
+    # sliding windows (Gemma 3's local layers: 4 heads, 1 kv head, 256 dims, window 512):
+    # windows inside one chunk, across chunk edges, starting on one, of one position
+    for heads, start, t, n_ctx, window in (
+        ((4, 1, 256), 0, 300, 640, 100),
+        ((4, 1, 256), 1000, 2, 1280, 512),
+        ((4, 1, 256), 767, 1, 1024, 512),
+        ((9, 3, 64), 250, 20, 512, 7),
+        ((9, 3, 64), 5, 3, 64, 1),
+    ):
+        name = "x".join(map(str, heads))
+        specs.append(
+            _spec(
+                f"attention-window{window}-{name}-p{start}-t{t}",
+                Op.ATTENTION,
+                F32,
+                _attention(*heads, start, t, n_ctx, window),
+            )
+        )
     specs.append(_spec("rope-neox-partial-9x64-rot32", Op.ROPE, F32,
                        _rope(9, 64, 32, "neox", 512, 10000.0)))  # fmt: skip
     for width in (1000, 49152):

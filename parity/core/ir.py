@@ -113,6 +113,7 @@ class AttentionArg:
     n_head_kv: int
     head_dim: int
     scale: float  # exactly representable in float32
+    window: int = 0  # > 0: a token at p reads positions p - window + 1 .. p (sliding window)
 
 
 @attrs.frozen(cache_hash=True)
@@ -359,6 +360,11 @@ def infer(op: Op, srcs: Sequence[Node], arg: Any) -> tuple[DType, tuple[int, ...
             "scale must be exactly representable in float32",
         )
         _need(q.shape[1] == arg.n_head * arg.head_dim, op, "q width != n_head * head_dim")
+        _need(
+            isinstance(arg.window, int) and arg.window >= 0,
+            op,
+            "window must be an int >= 0 (0: every position up to the token's own)",
+        )
         kv_width = arg.n_head_kv * arg.head_dim
         _need(
             k.shape[1] == kv_width and v.shape == k.shape, op, f"caches must be (n_ctx, {kv_width})"

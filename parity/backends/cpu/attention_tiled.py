@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from parity.backends.cpu.ops import CHUNK, check_attention
+from parity.backends.cpu.ops import CHUNK, attention, check_attention
 from parity.numerics import F32, exp, next_pow2, tree_sum_leading
 
 _ATTENTION_TEMP_BYTES = 64 << 20  # token-chunk budget for attention's largest temporary
@@ -40,18 +40,14 @@ def attention_tiled(
     n_head_kv: int,
     head_dim: int,
     scale: float,
+    window: int = 0,
 ) -> np.ndarray:
-    """``ops.attention`` bit for bit (same arguments, same checks), tiled and vectorised."""
-    check_attention(
-        q,
-        k_cache,
-        v_cache,
-        positions,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        head_dim=head_dim,
-        scale=scale,
-    )
+    """``ops.attention`` bit for bit (same arguments, same checks), tiled and vectorised; a
+    sliding window runs the definition itself (the compiled kernels are the fast path)."""
+    args = dict(n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, scale=scale)
+    if window:
+        return attention(q, k_cache, v_cache, positions, **args, window=window)
+    check_attention(q, k_cache, v_cache, positions, **args)
     out = np.empty_like(q)  # (n_tokens, n_head * head_dim)
     n_tok = q.shape[0]
     if n_tok == 0:

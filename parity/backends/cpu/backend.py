@@ -54,7 +54,13 @@ def _rope(
 
 
 def _attention_args(arg: AttentionArg) -> dict[str, Any]:
-    return dict(n_head=arg.n_head, n_head_kv=arg.n_head_kv, head_dim=arg.head_dim, scale=arg.scale)
+    return dict(
+        n_head=arg.n_head,
+        n_head_kv=arg.n_head_kv,
+        head_dim=arg.head_dim,
+        scale=arg.scale,
+        window=arg.window,
+    )
 
 
 def _matmul_add(x, w, *rest, arg=None):

@@ -279,8 +279,10 @@ def check_attention(
     n_head_kv: int,
     head_dim: int,
     scale: float,
+    window: int = 0,
 ) -> None:
-    """ValueError unless ATTENTION's operands, head counts, scale and positions are valid."""
+    """ValueError unless ATTENTION's operands, head counts, scale, window and positions are
+    valid."""
     check_rows("attention", q, "q")
     check_rows("attention", k_cache, "k_cache")
     check_rows("attention", v_cache, "v_cache")
@@ -296,6 +298,8 @@ def check_attention(
         )
     if float(F32(scale)) != scale:
         raise ValueError(f"attention: scale must be exact in float32, got {scale!r}")
+    if not isinstance(window, int | np.integer) or window < 0:
+        raise ValueError(f"attention: window must be an int >= 0, got {window!r}")
     check_positions("attention", positions, q.shape[0], k_cache.shape[0], "the caches'")
 
 
@@ -309,23 +313,25 @@ def attention(
     n_head_kv: int,
     head_dim: int,
     scale: float,
+    window: int = 0,
 ) -> np.ndarray:
-    """Causal softmax attention of each token over cache rows 0..positions[t] (GQA).
+    """Causal softmax attention of each token over cache rows lo..positions[t] (GQA), where
+    lo = 0, or lo = max(0, p - window + 1) with a sliding ``window`` > 0.
 
     The contract's loop, one token at a time. For token t at position p, query head h reads kv
     head h // (n_head / n_head_kv), and:
 
-    - pass 1: scores s_j = fl(tree_sum_d(fl(q_d k_jd)) * scale) for j = 0..p, m = max s_j,
+    - pass 1: scores s_j = fl(tree_sum_d(fl(q_d k_jd)) * scale) for j = lo..p, m = max s_j,
       e_j = exp(fl(s_j - m));
-    - pass 2: for each CHUNK-slot chunk c = 0..p // CHUNK (aligned at position 0), D_c is the
-      tree sum of e over the chunk's CHUNK slots and N_c that of P_j = fl(e_j v_jd), slots
-      j > p being +0.0 (cache rows past p are never read: they may hold anything); the chunk
-      sums are folded left to right, den = fl(den + D_c), num = fl(num + N_c);
-      out = fl(num / den).
+    - pass 2: for each CHUNK-slot chunk c = lo // CHUNK .. p // CHUNK (aligned at position 0),
+      D_c is the tree sum of e over the chunk's CHUNK slots and N_c that of P_j = fl(e_j v_jd),
+      slots j < lo and j > p being +0.0 (those cache rows are never read: they may hold
+      anything); the chunk sums are folded left to right, den = fl(den + D_c),
+      num = fl(num + N_c); out = fl(num / den).
 
     The heads of a token, and the positions of one chunk, sit side by side in the arrays: each
     element goes through its own (token, head)'s operations, so that changes none of them. A
-    token reads only its own q row, its position and cache rows 0..p (batch invariant).
+    token reads only its own q row, its position and cache rows lo..p (batch invariant).
     """
     check_attention(
         q,
@@ -336,16 +342,18 @@ def attention(
         n_head_kv=n_head_kv,
         head_dim=head_dim,
         scale=scale,
+        window=window,
     )
     d = head_dim
     kv_head = np.arange(n_head) // (n_head // n_head_kv)  # the kv head each query head reads
     out = np.empty_like(q)  # (n_tokens, n_head * head_dim)
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         for t, p in enumerate(positions.tolist()):
-            n = p + 1  # cache rows 0..p
+            first = max(0, p - window + 1) if window else 0  # cache rows first..p are read
+            n = p + 1 - first
             qt = q[t].reshape(n_head, d)
-            k = k_cache[:n].reshape(n, n_head_kv, d)[:, kv_head]  # (n, n_head, d)
-            v = v_cache[:n].reshape(n, n_head_kv, d)[:, kv_head]
+            k = k_cache[first : p + 1].reshape(n, n_head_kv, d)[:, kv_head]  # (n, n_head, d)
+            v = v_cache[first : p + 1].reshape(n, n_head_kv, d)[:, kv_head]
 
             # pass 1: scores, their max, the exps
             prod = qt * k  # fl(q_d * k_jd), (n, n_head, d)
@@ -354,15 +362,19 @@ def attention(
             e = exp(s - m)  # exp(fl(s_j - m))
 
             # pass 2: tree sums over each chunk's CHUNK slots, folded left to right
-            for c in range(p // CHUNK + 1):
-                lo, hi = c * CHUNK, min((c + 1) * CHUNK, n)  # the chunk's positions <= p
-                e_c = np.zeros((CHUNK, n_head), dtype=F32)  # slots past p stay +0.0
-                e_c[: hi - lo] = e[lo:hi]
+            for c in range(first // CHUNK, p // CHUNK + 1):
+                lo = max(c * CHUNK, first)  # the chunk's positions first..p: lo..hi-1
+                hi = min((c + 1) * CHUNK, p + 1)
+                at = lo - c * CHUNK  # their slots; the others stay +0.0
+                e_c = np.zeros((CHUNK, n_head), dtype=F32)
+                e_c[at : at + hi - lo] = e[lo - first : hi - first]
                 pv_c = np.zeros((CHUNK, n_head, d), dtype=F32)
-                pv_c[: hi - lo] = e[lo:hi, :, None] * v[lo:hi]  # P_j = fl(e_j * v_jd)
+                pv_c[at : at + hi - lo] = (  # P_j = fl(e_j * v_jd)
+                    e[lo - first : hi - first, :, None] * v[lo - first : hi - first]
+                )
                 den_c = tree_sum_leading(e_c)  # D_c, (n_head,)
                 num_c = tree_sum_leading(pv_c)  # N_c, (n_head, d)
-                if c == 0:
+                if c == first // CHUNK:
                     den, num = den_c, num_c
                 else:
                     den = den + den_c

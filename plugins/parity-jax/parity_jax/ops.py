@@ -146,8 +146,9 @@ def kv_write(cache: jax.Array, rows: jax.Array, positions: jax.Array, arg: None)
 def attention(
     q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, positions: jax.Array, arg: AttentionArg
 ) -> jax.Array:
-    """Causal attention of each token over cache rows 0..positions[t], by the contract: scores
-    and their max in a first pass, then 256-slot chunk trees folded left to right."""
+    """Causal attention of each token over cache rows lo..positions[t] (lo = 0, or the
+    sliding window's first position), by the contract: scores and their max in a first pass,
+    then 256-slot chunk trees folded left to right from lo's chunk."""
     pad = -k_cache.shape[0] % CHUNK  # whole chunks, so every chunk is one dynamic slice
     if pad:
         k_cache, v_cache = (jnp.pad(c, ((0, pad), (0, 0))) for c in (k_cache, v_cache))
@@ -170,12 +171,15 @@ def _attention_block(
     qd = q.reshape(t, g, rep, d).transpose(3, 0, 1, 2)[..., None]  # (d, t, g, rep, 1)
     n_chunks = pos // CHUNK + 1  # chunks holding a position <= p, per token
     stop = jnp.max(n_chunks)
+    first = jnp.maximum(pos - arg.window + 1, 0) if arg.window else jnp.zeros_like(pos)
+    c0 = (first // CHUNK)[:, None, None]  # the chunk of the first position read, per token
 
     def rows(cache: jax.Array, c: jax.Array) -> jax.Array:  # (CHUNK, g, d)
         return widen(lax.dynamic_slice_in_dim(cache, c * CHUNK, CHUNK)).reshape(CHUNK, g, d)
 
-    def seen(c: jax.Array) -> jax.Array:  # (t, 1, 1, CHUNK): slot j holds row j; t sees j <= p
-        return (c * CHUNK + jnp.arange(CHUNK)[None, :] <= pos[:, None])[:, None, None, :]
+    def seen(c: jax.Array) -> jax.Array:  # (t, 1, 1, CHUNK): slot j holds row j; first..p seen
+        j = c * CHUNK + jnp.arange(CHUNK)[None, :]
+        return ((j <= pos[:, None]) & (j >= first[:, None]))[:, None, None, :]
 
     def pass_scores(c: jax.Array, acc: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         """Chunk c's scores fl(tree_sum_d(fl(q_d k_d)) * scale), kept, and the running max."""
@@ -198,10 +202,11 @@ def _attention_block(
         v = rows(v_cache, c)[:, None, :, None, :]  # (CHUNK, 1, g, 1, d)
         p = jnp.where(seen(c).transpose(3, 0, 1, 2)[..., None], mul(e[..., None], v), 0.0)
         num_c, den_c = tree_sum(p, axis=0), tree_sum(e, axis=0)  # 256 leaves each
-        live = (c < n_chunks)[:, None, None]  # fold exactly this token's nc chunks
+        live = (c < n_chunks)[:, None, None] & (c >= c0)  # fold exactly this token's chunks
         num, den = acc
-        num = jnp.where(live[..., None], jnp.where(c == 0, num_c, add(num, num_c)), num)
-        den = jnp.where(live, jnp.where(c == 0, den_c, add(den, den_c)), den)
+        start = c == c0  # the first chunk this token folds
+        num = jnp.where(live[..., None], jnp.where(start[..., None], num_c, add(num, num_c)), num)
+        den = jnp.where(live, jnp.where(start, den_c, add(den, den_c)), den)
         return num, den
 
     zeros = jnp.zeros((t, g, rep, d)), jnp.zeros((t, g, rep))

@@ -3,11 +3,14 @@
 
 For token t at position p and query head h (kv head g = h // (n_head / n_head_kv)):
 
-    s[j]  = fl(TREE_d(fl(q[d] * k[j, d])) * scale)            j = 0..p
+    s[j]  = fl(TREE_d(fl(q[d] * k[j, d])) * scale)            j = lo..p
     m     = max_j s[j] (a NaN score makes m NaN, as numpy's max does)
     e[j]  = exp(fl(s[j] - m))
-    per chunk c of 256 slots: D_c = TREE(e), N_c[d] = TREE(fl(e * v[., d])), slots > p = +0.0
+    per chunk c of 256 slots from lo's: D_c = TREE(e), N_c[d] = TREE(fl(e * v[., d])), slots
+    < lo or > p = +0.0
     den, num = chunk sums folded left to right;  out[d] = fl(num[d] / den)
+
+lo is 0, or p - window + 1 (at least 0) with a sliding window.
 
 Scores are formed TILE positions at a time with the head dim as the leading axis, so each level
 of the tree over d is one add of two rows of TILE positions: the same adds, in the same pairs.
@@ -67,12 +70,14 @@ def attention_rows(
     positions: np.ndarray,
     n_head: int,
     scale: np.float32,
+    window: int,
     out: np.ndarray,
     lo: int,
     hi: int,
 ) -> None:
     """(token, head) pairs r = lo..hi-1 (t = r // n_head, h = r % n_head); ``kt`` from
-    ``keys_by_dim``; positions checked. Arrays are used flat, rows at computed offsets."""
+    ``keys_by_dim``; positions checked; ``window`` 0 (none) or the sliding window. Arrays are
+    used flat, rows at computed offsets."""
     n_head_kv, dw, n_keys = kt.shape
     d = q.shape[1] // n_head
     rep = n_head // n_head_kv
@@ -93,8 +98,9 @@ def attention_rows(
         t, h = r // n_head, r % n_head
         qo, g = t * width + h * d, h // rep
         p = positions[t]
+        first = max(0, p - window + 1) if window > 0 else 0  # positions first..p are read
         # pass 1: scores (TILE positions side by side), their max (NaN propagates), exps
-        for j0 in range(0, p + 1, TILE):
+        for j0 in range(first, p + 1, TILE):
             nj = min(TILE, p + 1 - j0)
             for i in range(d):
                 scale_row(prod, i * TILE, ktf, (g * dw + i) * n_keys + j0, qf[qo + i], nj)
@@ -106,30 +112,31 @@ def attention_rows(
                 e[j0 + j] = top[j] * scale
         m = F32(-np.inf)
         nan = False
-        for j in range(p + 1):
+        for j in range(first, p + 1):
             if e[j] > m:
                 m = e[j]
             if e[j] != e[j]:
                 nan = True
         if nan:
             m = F32(np.nan)
-        for j in range(p + 1):
+        for j in range(first, p + 1):
             e[j] = exp32(e[j] - m)
         # pass 2: per chunk, trees over its slots (SUB slots at a time: levels 1..5 of a tree
         # only add within runs of 32); chunk sums folded left to right
         den = F32(0)
         vo = g * d
-        for c in range(p // CHUNK + 1):
+        c0 = first // CHUNK
+        for c in range(c0, p // CHUNK + 1):
             j0 = c * CHUNK
             w = next_pow2(min(CHUNK, p + 1 - j0))  # slots of this chunk's tree that can be != 0
             runs = max(w // SUB, 1)
             for b in range(runs):
                 jb, nb = j0 + b * SUB, min(w, SUB)  # slots jb .. jb + nb - 1
                 for j in range(nb):
-                    if jb + j <= p:
+                    if first <= jb + j <= p:
                         ee[j] = e[jb + j]
                         scale_row(ev, j * d, vf, (jb + j) * v_width + vo, e[jb + j], d)
-                    else:  # past the position: +0.0 slots
+                    else:  # before the window or past the position: +0.0 slots
                         ee[j] = F32(0)
                         for i in range(d):
                             ev[j * d + i] = F32(0)
@@ -143,7 +150,7 @@ def attention_rows(
                 dc = dc + F32(0)
                 for i in range(d):
                     top[i] = top[i] + F32(0)
-            if c == 0:
+            if c == c0:
                 den = dc
                 for i in range(d):
                     num[i] = top[i]
@@ -164,6 +171,7 @@ def attention_parallel(
     n_head: int,
     n_head_kv: int,
     scale: np.float32,
+    window: int,
     out: np.ndarray,
     chunks: int,
 ) -> None:
@@ -172,4 +180,4 @@ def attention_parallel(
     n = q.shape[0] * n_head
     for c in prange(chunks):
         lo, hi = c * n // chunks, (c + 1) * n // chunks
-        attention_rows(q, kt, v, positions, n_head, scale, out, lo, hi)
+        attention_rows(q, kt, v, positions, n_head, scale, window, out, lo, hi)

@@ -232,11 +232,14 @@ def attention_into(
     n_keys = int(positions.max()) + 1
     pairs = q.shape[0] * n_head
     split = chunks(pairs * n_keys * arg.head_dim * 2, pairs)
+    window = arg.window
     if split == 1:
         kt = attention.keys_by_dim(k, n_keys, n_head_kv)
-        attention.attention_rows(q, kt, v, positions, n_head, scale, out, 0, pairs)
+        attention.attention_rows(q, kt, v, positions, n_head, scale, window, out, 0, pairs)
     else:
-        attention.attention_parallel(q, k, v, positions, n_head, n_head_kv, scale, out, split)
+        attention.attention_parallel(
+            q, k, v, positions, n_head, n_head_kv, scale, window, out, split
+        )
 
 
 def attention_op(
@@ -244,8 +247,9 @@ def attention_op(
 ) -> np.ndarray:
     n_head, n_head_kv, head_dim, scale = arg.n_head, arg.n_head_kv, arg.head_dim, arg.scale
     ops.check_attention(
-        q, k, v, positions, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, scale=scale
-    )
+        q, k, v, positions, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, scale=scale,
+        window=arg.window,
+    )  # fmt: skip
     q, k, v = np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v)
     out = np.empty_like(q)
     attention_into(out, q, k, v, positions, arg)
