@@ -36,9 +36,7 @@ from parity.core.scheduler import accepts
 from parity.core.weights import WeightData
 from parity.errors import BackendError, ConfigError
 
-# Gemma 3's ops (issue 14) have no kernels here yet: the scheduler gives them to cpu
-NOT_YET = frozenset({Op.GELU, Op.GEGLU, Op.SCALE})
-OPS = frozenset(Op) - {Op.INPUT, Op.WEIGHT, Op.STATE} - NOT_YET
+OPS = frozenset(Op) - {Op.INPUT, Op.WEIGHT, Op.STATE}
 ADVANCE = ("rows.cu", "advance_i32")  # the kernel of ``increment``
 SPLIT_CHUNKS = 1  # chunks per block of flash-decoding attention
 

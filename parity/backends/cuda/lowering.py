@@ -227,15 +227,33 @@ class Lowering:
         self._binary(i, node, 1)
 
     def _silu(self, i, node, follow):
+        self._unary(i, node, "silu_f32")
+
+    def _gelu(self, i, node, follow):
+        self._unary(i, node, "gelu_f32")
+
+    def _unary(self, i, node, kernel: str):
         n = node.shape[0] * node.shape[1]
-        self._launch("rows.cu", "silu_f32", grid1(n), (256, 1, 1),
+        self._launch("rows.cu", kernel, grid1(n), (256, 1, 1),
                      [self._ptr(i), self._ptr(node.src[0]), ctypes.c_longlong(n)])  # fmt: skip
 
     def _swiglu(self, i, node, follow):
+        self._glu(i, node, "swiglu_f32")
+
+    def _geglu(self, i, node, follow):
+        self._glu(i, node, "geglu_f32")
+
+    def _glu(self, i, node, kernel: str):
         n = node.shape[0] * node.shape[1]
-        self._launch("rows.cu", "swiglu_f32", grid1(n), (256, 1, 1),
+        self._launch("rows.cu", kernel, grid1(n), (256, 1, 1),
                      [self._ptr(i), self._ptr(node.src[0]), self._ptr(node.src[1]),
                       ctypes.c_longlong(n)])  # fmt: skip
+
+    def _scale(self, i, node, follow):
+        n = node.shape[0] * node.shape[1]
+        self._launch("rows.cu", "scale_f32", grid1(n), (256, 1, 1),
+                     [self._ptr(i), self._ptr(node.src[0]), ctypes.c_longlong(n),
+                      float(node.arg)])  # fmt: skip
 
     def _norm(self, i, node, follow, w):
         t, width = node.shape

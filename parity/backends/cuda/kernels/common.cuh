@@ -78,6 +78,19 @@ __device__ __forceinline__ float p_silu(float x) {
     return __fdiv_rn(x, d);
 }
 
+// GELU in its tanh form, as the logistic it equals, two-sided (docs/numerics.md, "GELU, GEGLU")
+__device__ __forceinline__ float p_gelu(float x) {
+    const float A = bits_f32(0x3d372713u);  // 0.044715
+    const float S = bits_f32(0x3f4c422au);  // sqrt(2 / pi)
+    float c = __fadd_rn(__fmul_rn(A, __fmul_rn(x, x)), 1.0f);
+    float u = __fmul_rn(S, __fmul_rn(x, c));
+    float v = __fmul_rn(u, -2.0f);
+    bool right = v > 0.0f;  // x < 0: the exp of -v, at most 1 (NaN: the left side)
+    float e = p_exp(right ? -v : v);
+    float num = right ? __fmul_rn(x, e) : x;
+    return __fdiv_rn(num, __fadd_rn(e, 1.0f));
+}
+
 // ---- TREE --------------------------------------------------------------------------------
 
 // TREE(v_0 .. v_{n-1}) built one leaf at a time: ``st`` holds the finished subtrees, level L

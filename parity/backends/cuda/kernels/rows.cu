@@ -1,4 +1,4 @@
-// Row-wise and elementwise ops: ADD, MUL, SILU, SWIGLU, RMS_NORM (and its MUL, and the Q8
+// Row-wise and elementwise ops: ADD, MUL, SILU, SWIGLU, GELU, GEGLU, SCALE, RMS_NORM (and its MUL, and the Q8
 // activation quantization that may follow it), QUANTIZE, ROPE, KV_WRITE, GET_ROWS, ARGMAX.
 // Each is docs/numerics.md's listing; rows are independent, so a row's bits never depend on
 // how many rows a launch covers.
@@ -30,6 +30,24 @@ __global__ void swiglu_f32(float* y, const float* g, const float* u, i64 n) {
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
          i += (i64)gridDim.x * blockDim.x)
         y[i] = __fmul_rn(p_silu(g[i]), u[i]);
+}
+
+__global__ void gelu_f32(float* y, const float* x, i64 n) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
+         i += (i64)gridDim.x * blockDim.x)
+        y[i] = p_gelu(x[i]);
+}
+
+__global__ void geglu_f32(float* y, const float* g, const float* u, i64 n) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
+         i += (i64)gridDim.x * blockDim.x)
+        y[i] = __fmul_rn(p_gelu(g[i]), u[i]);
+}
+
+__global__ void scale_f32(float* y, const float* x, i64 n, float c) {
+    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
+         i += (i64)gridDim.x * blockDim.x)
+        y[i] = __fmul_rn(x[i], c);
 }
 
 // x += by: the positions a decode step keeps on the device, advanced after each run
