@@ -127,7 +127,9 @@ def node_case(
 def _arg_to_json(arg: Any) -> Any:
     if attrs.has(type(arg)):
         return {"type": type(arg).__name__, **attrs.asdict(arg)}
-    return arg  # None, a float (RMS_NORM eps) or a leaf's name: JSON keeps float64 exactly
+    # None, a float (RMS_NORM eps; JSON keeps float64 exactly), a leaf's name or a RESHAPE's
+    # shape (a list in JSON)
+    return arg
 
 
 def _arg_from_json(value: Any) -> Any:
@@ -135,6 +137,8 @@ def _arg_from_json(value: Any) -> Any:
         fields = dict(value)
         cls = _ARG_TYPES[fields.pop("type")]
         return cls(**fields)
+    if isinstance(value, list):  # a RESHAPE's shape
+        return tuple(value)
     return value
 
 

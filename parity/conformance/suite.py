@@ -326,6 +326,11 @@ def op_suite() -> list[CaseSpec]:
         return g.op(Op.SLICE_ROWS, g.input("x", activations(g.rng, (6, 576))), arg=SliceArg(2, 3))
 
     specs.append(_spec("slice_rows", Op.SLICE_ROWS, F32, slice_rows))
+
+    def reshape(g: _Builder) -> Ref:  # Gemma 3's q as (tokens * heads, head_dim)
+        return g.op(Op.RESHAPE, g.input("x", activations(g.rng, (3, 1024))), arg=(12, 256))
+
+    specs.append(_spec("reshape", Op.RESHAPE, F32, reshape))
     for width in (576, 4864):
         for op in (Op.ADD, Op.MUL, Op.SWIGLU):
             specs.append(

@@ -45,6 +45,7 @@ class Op(enum.Enum):
     # data movement
     GET_ROWS = enum.auto()  # gather (and dequantize) weight rows by id: the embedding lookup
     SLICE_ROWS = enum.auto()  # rows [start, start + count); arg: SliceArg
+    RESHAPE = enum.auto()  # the same values in row-major order as (rows, width); arg: that shape
     # elementwise (the second operand may be a row vector broadcast over rows)
     ADD = enum.auto()
     MUL = enum.auto()
@@ -209,6 +210,7 @@ def _matmul_operands(op: Op, x: Node, w: Node) -> None:
 ARITY = {
     Op.GET_ROWS: 2,
     Op.SLICE_ROWS: 1,
+    Op.RESHAPE: 1,
     Op.ADD: 2,
     Op.MUL: 2,
     Op.SILU: 1,
@@ -255,6 +257,21 @@ def infer(op: Op, srcs: Sequence[Node], arg: Any) -> tuple[DType, tuple[int, ...
             f"rows [{arg.start}, {end}) outside 0..{x.shape[0]}",
         )
         return x.dtype, (arg.count, *x.shape[1:])
+    if op is Op.RESHAPE:
+        (x,) = srcs
+        _rows(op, x, "source")
+        ok = (
+            isinstance(arg, tuple)
+            and len(arg) == 2
+            and all(isinstance(d, int) and d >= 1 for d in arg)
+        )
+        _need(ok, op, "arg must be the new shape, (rows, width) of positive ints")
+        _need(
+            arg[0] * arg[1] == x.shape[0] * x.shape[1],
+            op,
+            f"{x.shape} cannot be viewed as {arg}: the element counts differ",
+        )
+        return DType.F32, arg
     if op in (Op.ADD, Op.MUL, Op.SWIGLU, Op.GEGLU):
         a, b = srcs
         _rows(op, a, "source 0")

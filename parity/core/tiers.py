@@ -129,6 +129,7 @@ EXACT = Tier()
 BUDGETS: dict[Op, Tier] = {
     Op.GET_ROWS: EXACT,  # data movement and exact selection
     Op.SLICE_ROWS: EXACT,
+    Op.RESHAPE: EXACT,
     Op.KV_WRITE: EXACT,
     Op.ARGMAX: EXACT,
     Op.ADD: Tier(max_ulp=1),

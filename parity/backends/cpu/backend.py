@@ -71,6 +71,7 @@ def _matmul_add(x, w, *rest, arg=None):
 KERNELS: dict[Op, Callable[..., Any]] = {
     Op.GET_ROWS: lambda w, ids, arg: ops.get_rows(w, ids),
     Op.SLICE_ROWS: lambda x, arg: ops.slice_rows(x, arg.start, arg.count),
+    Op.RESHAPE: lambda x, arg: ops.reshape(x, arg),
     Op.ADD: lambda a, b, arg: ops.add(a, b),
     Op.MUL: lambda a, b, arg: ops.mul(a, b),
     Op.SILU: lambda x, arg: ops.silu(x),

@@ -65,6 +65,14 @@ def get_rows(weight: PreparedWeight, ids: np.ndarray) -> np.ndarray:
     return quant.get_rows(weight, ids)
 
 
+def reshape(x: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """``x``'s values in row-major order as a new ``shape`` array (a copy, bit for bit)."""
+    check_rows("reshape", x)
+    if len(shape) != 2 or shape[0] * shape[1] != x.size:
+        raise ValueError(f"reshape: {list(x.shape)} cannot be viewed as {list(shape)}")
+    return x.reshape(shape).copy()
+
+
 def slice_rows(x: np.ndarray, start: int, count: int) -> np.ndarray:
     """Rows ``[start, start + count)`` of ``x``, as a new array."""
     if not isinstance(x, np.ndarray) or x.ndim < 1:

@@ -36,7 +36,8 @@ from parity.core.scheduler import accepts
 from parity.core.weights import WeightData
 from parity.errors import BackendError, ConfigError
 
-OPS = frozenset(Op) - {Op.INPUT, Op.WEIGHT, Op.STATE}
+# RESHAPE has not run on a GPU yet, so cuda does not claim it (the scheduler gives it to cpu)
+OPS = frozenset(Op) - {Op.INPUT, Op.WEIGHT, Op.STATE, Op.RESHAPE}
 ADVANCE = ("rows.cu", "advance_i32")  # the kernel of ``increment``
 SPLIT_CHUNKS = 1  # chunks per block of flash-decoding attention
 

@@ -95,6 +95,7 @@ class JaxBackend(Backend):
     manifest: ClassVar[Mapping[str, str]] = {
         "GET_ROWS": "exact",
         "SLICE_ROWS": "exact",
+        "RESHAPE": "exact",
         "ADD": "exact",
         "MUL": "exact",
         "SILU": "exact",

@@ -56,6 +56,10 @@ def slice_rows(x: jax.Array | quant.Q8, arg: SliceArg) -> jax.Array | quant.Q8:
     return quant.Q8(*(a[rows] for a in x)) if isinstance(x, quant.Q8) else x[rows]
 
 
+def reshape(x: jax.Array, arg: tuple[int, int]) -> jax.Array:
+    return x.reshape(arg)
+
+
 def add_op(a: jax.Array, b: jax.Array, arg: None) -> jax.Array:
     return add(a, b)  # b is a's shape or a row vector
 
@@ -248,6 +252,7 @@ def argmax(x: jax.Array, arg: None) -> jax.Array:
 KERNELS: dict[Op, Callable[..., jax.Array]] = {
     Op.GET_ROWS: get_rows,
     Op.SLICE_ROWS: slice_rows,
+    Op.RESHAPE: reshape,
     Op.ADD: add_op,
     Op.MUL: mul_op,
     Op.SILU: silu,

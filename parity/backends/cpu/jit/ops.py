@@ -291,12 +291,17 @@ def slice_rows_into(out: np.ndarray, x: np.ndarray, arg: SliceArg) -> None:
     np.copyto(out, x[arg.start : arg.start + arg.count])
 
 
+def reshape_into(out: np.ndarray, x: np.ndarray, arg: tuple[int, int]) -> None:
+    np.copyto(out, x.reshape(arg))
+
+
 # op -> writer(out, *source values, arg) for every op that is one kernel call; matrix products
 # of F32 x by a quantized weight, and the fused ops, are sequences of these (the backend's
 # expansion), with their temporaries in the arena
 WRITERS: dict[Op, Callable[..., None]] = {
     Op.GET_ROWS: get_rows_into,
     Op.SLICE_ROWS: slice_rows_into,
+    Op.RESHAPE: reshape_into,
     Op.ADD: add_into,
     Op.MUL: mul_into,
     Op.SILU: silu_into,
