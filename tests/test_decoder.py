@@ -1,5 +1,5 @@
-"""The llama and qwen2 decoder graphs on the cpu oracle: a float64 reference forward pass,
-batch invariance (prefill == token-by-token decode, bit for bit), n_out and argmax heads."""
+"""The llama, qwen2 and gemma3 decoder graphs on the cpu oracle: a float64 reference forward
+pass, batch invariance (prefill == token-by-token decode, bit for bit), n_out and argmax heads."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from parity.quant import dequantize, quantize_activations
 TOKENS = np.array([7, 300, 42, 511, 0, 9, 128], np.int32)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3"])
 def model(request):
     return synthetic_model(tiny_spec(request.param), seed=11)
 
@@ -41,8 +41,10 @@ def q8_round_trip(x):
 
 
 def reference_forward(spec, weights, tokens, quantize_inputs=False):
-    """Float64 llama/qwen2 forward with dequantized weights: an independent statement of the
-    architecture (rope pairing, GQA, biases, tied head), not of the contract's rounding.
+    """Float64 llama/qwen2/gemma3 forward with dequantized weights: an independent statement of
+    the architecture (rope pairing, GQA, biases, tied head; Gemma's embedding scale, per-head
+    q/k norms, post norms, GeGLU, sliding windows with their own RoPE base), not of the
+    contract's rounding.
     ``quantize_inputs`` applies the contract's activation quantization before quantized
     matmuls, leaving only float rounding between this and the graph."""
 
@@ -61,10 +63,10 @@ def reference_forward(spec, weights, tokens, quantize_inputs=False):
 
     n, hd, rot = len(tokens), spec.head_dim, spec.rot
     pos = np.arange(n)
-    inv = spec.rope_base ** (-np.arange(0, rot, 2) / rot)
-    ang = pos[:, None] * inv[None, :]  # (n, rot/2)
+    gemma = spec.arch == "gemma3"
 
-    def rope(x, heads):
+    def rope(x, heads, base):
+        ang = pos[:, None] * (base ** (-np.arange(0, rot, 2) / rot))[None, :]  # (n, rot/2)
         x = x.reshape(n, heads, hd).copy()
         c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
         if spec.rope_mode == "normal":
@@ -75,25 +77,44 @@ def reference_forward(spec, weights, tokens, quantize_inputs=False):
             x[..., : rot // 2], x[..., rot // 2 : rot] = a * c - b * s, a * s + b * c
         return x
 
+    def heads_norm(x, heads, name):
+        return norm(x.reshape(n, heads, hd), name).reshape(n, heads * hd)
+
+    def gelu(x):
+        return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
     x = w("token_embd.weight")[tokens]
+    if gemma:
+        x = x * np.sqrt(spec.n_embd)
     group = spec.n_head // spec.n_head_kv
     for il in range(spec.n_layer):
         blk = f"blk.{il}"
+        local = spec.local(il)
+        base = spec.rope_base_local if local else spec.rope_base
         h = norm(x, f"{blk}.attn_norm.weight")
-        q = rope(linear(h, f"{blk}.attn_q"), spec.n_head)
-        k = rope(linear(h, f"{blk}.attn_k"), spec.n_head_kv)
+        q, k = linear(h, f"{blk}.attn_q"), linear(h, f"{blk}.attn_k")
+        if gemma:
+            q = heads_norm(q, spec.n_head, f"{blk}.attn_q_norm.weight")
+            k = heads_norm(k, spec.n_head_kv, f"{blk}.attn_k_norm.weight")
+        q, k = rope(q, spec.n_head, base), rope(k, spec.n_head_kv, base)
         v = linear(h, f"{blk}.attn_v").reshape(n, spec.n_head_kv, hd)
+        hidden = np.triu(np.ones((n, n), bool), 1)  # the future
+        if local:
+            hidden |= np.tril(np.ones((n, n), bool), -spec.window)  # before the window
         out = np.zeros((n, spec.n_head, hd))
         for head in range(spec.n_head):
             g = head // group
             s = q[:, head] @ k[:, g].T / np.sqrt(hd)
-            s[np.triu(np.ones((n, n), bool), 1)] = -np.inf
+            s[hidden] = -np.inf
             p = np.exp(s - s.max(-1, keepdims=True))
             out[:, head] = (p / p.sum(-1, keepdims=True)) @ v[:, g]
-        x = x + linear(out.reshape(n, -1), f"{blk}.attn_output")
+        o = linear(out.reshape(n, -1), f"{blk}.attn_output")
+        x = x + (norm(o, f"{blk}.post_attention_norm.weight") if gemma else o)
         h = norm(x, f"{blk}.ffn_norm.weight")
         gate, up = linear(h, f"{blk}.ffn_gate"), linear(h, f"{blk}.ffn_up")
-        x = x + linear(gate / (1 + np.exp(-gate)) * up, f"{blk}.ffn_down")
+        act = gelu(gate) if gemma else gate / (1 + np.exp(-gate))
+        d = linear(act * up, f"{blk}.ffn_down")
+        x = x + (norm(d, f"{blk}.post_ffw_norm.weight") if gemma else d)
     head = "output" if "output.weight" in weights else "token_embd"
     return linear(norm(x, "output_norm.weight"), head)
 

@@ -1,4 +1,4 @@
-"""The llama-family decoder (llama, qwen2): its spec, its tensor table and its graph.
+"""The decoders parity builds (llama, qwen2, gemma3): their spec, tensor table and graph.
 
 Weight names follow GGUF (``blk.N.attn_q.weight``, ...). ``tensor_table`` lists every tensor a
 file of this family may hold, once: the loader checks files against it, synthetic models are
@@ -25,17 +25,26 @@ from parity.core.weights import WeightData
 
 @attrs.frozen
 class Family:
-    """What tells the members of the llama family apart."""
+    """What tells the decoders apart (llama.cpp's src/models/ for each)."""
 
     name: str
     rope_mode: str  # "normal": pairs (2i, 2i+1); "neox": pairs (i, i + n_rot/2)
     qkv_bias: bool  # q, k and v projections carry biases
+    # Gemma 3: embeddings scaled by sqrt(n_embd), q and k RMS-normed per head, a norm after the
+    # attention and after the FFN (before each residual add), GeGLU; local layers
+    gemma: bool = False
 
 
 FAMILIES: Mapping[str, Family] = {
-    f.name: f for f in (Family("llama", "normal", False), Family("qwen2", "neox", True))
+    f.name: f
+    for f in (
+        Family("llama", "normal", False),
+        Family("qwen2", "neox", True),
+        Family("gemma3", "neox", False, gemma=True),
+    )
 }
 ROPE_WEIGHTS = ("rope.cos", "rope.sin")
+LOCAL_ROPE_WEIGHTS = ("rope_local.cos", "rope_local.sin")  # sliding-window layers' own base
 
 
 @attrs.frozen
@@ -69,6 +78,11 @@ class DecoderSpec:
     rope_base: float
     rms_eps: float
     n_rot: int = 0  # 0: head_dim
+    # sliding-window attention: layers il with il % swa_period < swa_period - 1 read the last
+    # ``window`` positions and rotate with ``rope_base_local`` (0: period, window none)
+    window: int = 0
+    swa_period: int = 0
+    rope_base_local: float = 0.0
     weights: tuple[tuple[str, DType, tuple[int, ...]], ...] = ()
 
     @property
@@ -84,6 +98,10 @@ class DecoderSpec:
     @property
     def rot(self) -> int:
         return self.n_rot or self.head_dim
+
+    def local(self, layer: int) -> bool:
+        """Whether ``layer`` attends over a sliding window (Gemma 3: five of every six)."""
+        return bool(self.swa_period) and layer % self.swa_period < self.swa_period - 1
 
     def weight_table(self) -> dict[str, tuple[DType, tuple[int, ...]]]:
         return {name: (dtype, shape) for name, dtype, shape in self.weights}
@@ -114,6 +132,7 @@ def tensor_table(spec: DecoderSpec) -> dict[str, TensorSpec]:
     the optional (an untied output projection, biases the family does not require)."""
     e, v = spec.n_embd, spec.n_vocab
     qkv_bias = spec.family.qkv_bias
+    gemma = spec.family.gemma
     table = {"token_embd.weight": TensorSpec((v, e), "embd")}
     for il in range(spec.n_layer):
         blk = f"blk.{il}"
@@ -123,6 +142,10 @@ def tensor_table(spec: DecoderSpec) -> dict[str, TensorSpec]:
                 norm = "attn_norm" if name == "attn_q" else "ffn_norm"
                 table[f"{blk}.{norm}.weight"] = TensorSpec((e,), "norm")
             table[f"{blk}.{name}.weight"] = TensorSpec(shape, role)
+        if gemma:
+            for norm, width in (("attn_q_norm", spec.head_dim), ("attn_k_norm", spec.head_dim),
+                                ("post_attention_norm", e), ("post_ffw_norm", e)):  # fmt: skip
+                table[f"{blk}.{norm}.weight"] = TensorSpec((width,), "norm")
         for name, (shape, _) in linears.items():
             needs_bias = qkv_bias and name in ("attn_q", "attn_k", "attn_v")
             table[f"{blk}.{name}.bias"] = TensorSpec((shape[0],), "bias", needs_bias)
@@ -135,13 +158,16 @@ def tensor_table(spec: DecoderSpec) -> dict[str, TensorSpec]:
 def rope_weights(spec: DecoderSpec) -> list[WeightData]:
     """The host-computed RoPE tables as the two F32 weights the graph reads (read-only, like
     the file's weights)."""
-    cos, sin = rope_tables(spec.n_ctx_train, spec.rot, spec.rope_base)
-    for table in (cos, sin):
-        table.setflags(write=False)
-    return [
-        WeightData(name, DType.F32, table.shape, table)
-        for name, table in zip(ROPE_WEIGHTS, (cos, sin), strict=True)
-    ]
+    bases = [(ROPE_WEIGHTS, spec.rope_base)]
+    if spec.swa_period and spec.rope_base_local and spec.rope_base_local != spec.rope_base:
+        bases.append((LOCAL_ROPE_WEIGHTS, spec.rope_base_local))
+    out = []
+    for names, base in bases:
+        tables = rope_tables(spec.n_ctx_train, spec.rot, base)
+        for name, table in zip(names, tables, strict=True):
+            table.setflags(write=False)
+            out.append(WeightData(name, DType.F32, table.shape, table))
+    return out
 
 
 def build_decoder(spec: DecoderSpec, params: GraphParams) -> Graph:
@@ -165,22 +191,47 @@ def build_decoder(spec: DecoderSpec, params: GraphParams) -> Graph:
     def norm(x: Ref, name: str) -> Ref:
         return b.op(Op.MUL, b.op(Op.RMS_NORM, x, arg=spec.rms_eps), w(name))
 
+    def head_norm(x: Ref, heads: int, name: str) -> Ref:
+        """RMS-norm each head of x (n, heads * head_dim) with one (head_dim,) weight."""
+        d = spec.head_dim
+        by_head = b.op(Op.RESHAPE, x, arg=(n * heads, d))
+        return b.op(Op.RESHAPE, norm(by_head, name), arg=(n, heads * d))
+
+    gemma = spec.family.gemma
     tokens = b.input("tokens", DType.I32, (n,))
     pos = b.input("positions", DType.I32, (n,))
-    cos, sin = (w(name) for name in ROPE_WEIGHTS)
+    tables = {False: tuple(w(name) for name in ROPE_WEIGHTS)}
+    tables[True] = (
+        tuple(w(name) for name in LOCAL_ROPE_WEIGHTS)
+        if LOCAL_ROPE_WEIGHTS[0] in table
+        else tables[False]
+    )
     kv_width = spec.n_head_kv * spec.head_dim
     rope_q = RopeArg(spec.n_head, spec.head_dim, spec.rot, spec.rope_mode)
     rope_k = RopeArg(spec.n_head_kv, spec.head_dim, spec.rot, spec.rope_mode)
     scale = float(np.float32(1.0 / math.sqrt(spec.head_dim)))
-    attn = AttentionArg(spec.n_head, spec.n_head_kv, spec.head_dim, scale)
+    attn = {
+        local: AttentionArg(
+            spec.n_head, spec.n_head_kv, spec.head_dim, scale, spec.window if local else 0
+        )
+        for local in (False, True)
+    }
     slot = params.cache_prefix
 
     x = b.op(Op.GET_ROWS, w("token_embd.weight"), tokens)  # (n, n_embd)
+    if gemma:  # llama.cpp: ggml_scale(x, sqrtf(n_embd)), the float32 square root
+        x = b.op(Op.SCALE, x, arg=float(np.sqrt(np.float32(spec.n_embd), dtype=np.float32)))
     for il in range(spec.n_layer):
         blk = f"blk.{il}"
+        local = spec.local(il)
+        cos, sin = tables[local]
         h = norm(x, f"{blk}.attn_norm.weight")
-        q = b.op(Op.ROPE, linear(h, f"{blk}.attn_q"), pos, cos, sin, arg=rope_q)
-        k = b.op(Op.ROPE, linear(h, f"{blk}.attn_k"), pos, cos, sin, arg=rope_k)
+        q, k = linear(h, f"{blk}.attn_q"), linear(h, f"{blk}.attn_k")
+        if gemma:
+            q = head_norm(q, spec.n_head, f"{blk}.attn_q_norm.weight")
+            k = head_norm(k, spec.n_head_kv, f"{blk}.attn_k_norm.weight")
+        q = b.op(Op.ROPE, q, pos, cos, sin, arg=rope_q)
+        k = b.op(Op.ROPE, k, pos, cos, sin, arg=rope_k)
         v = linear(h, f"{blk}.attn_v")  # (n, n_head_kv * head_dim)
         k_cache = b.op(
             Op.KV_WRITE, b.state(f"{slot}cache.k.{il}", (params.n_ctx, kv_width)), k, pos
@@ -188,11 +239,18 @@ def build_decoder(spec: DecoderSpec, params: GraphParams) -> Graph:
         v_cache = b.op(
             Op.KV_WRITE, b.state(f"{slot}cache.v.{il}", (params.n_ctx, kv_width)), v, pos
         )
-        a = b.op(Op.ATTENTION, q, k_cache, v_cache, pos, arg=attn)  # (n, n_head * head_dim)
-        x = b.op(Op.ADD, x, linear(a, f"{blk}.attn_output"))
+        a = b.op(Op.ATTENTION, q, k_cache, v_cache, pos, arg=attn[local])  # (n, n_head * hd)
+        o = linear(a, f"{blk}.attn_output")
+        if gemma:
+            o = norm(o, f"{blk}.post_attention_norm.weight")
+        x = b.op(Op.ADD, x, o)
         h = norm(x, f"{blk}.ffn_norm.weight")
-        ff = b.op(Op.SWIGLU, linear(h, f"{blk}.ffn_gate"), linear(h, f"{blk}.ffn_up"))
-        x = b.op(Op.ADD, x, linear(ff, f"{blk}.ffn_down"))
+        glu = Op.GEGLU if gemma else Op.SWIGLU
+        ff = b.op(glu, linear(h, f"{blk}.ffn_gate"), linear(h, f"{blk}.ffn_up"))
+        d = linear(ff, f"{blk}.ffn_down")
+        if gemma:
+            d = norm(d, f"{blk}.post_ffw_norm.weight")
+        x = b.op(Op.ADD, x, d)
     if params.n_out < n:  # only the last n_out rows reach the head
         x = b.op(Op.SLICE_ROWS, x, arg=SliceArg(n - params.n_out, params.n_out))
     x = norm(x, "output_norm.weight")

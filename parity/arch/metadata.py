@@ -1,4 +1,4 @@
-"""A llama-family spec from GGUF metadata, and back: the keys llama.cpp's conversion writes, read
+"""A decoder's spec from GGUF metadata, and back: the keys llama.cpp's conversion writes, read
 with every value checked, and the file's tensors checked against the family's tensor table."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from parity.errors import ModelError
 from parity.gguf.reader import FLOAT_TYPES, GGUFFile, GGUFHeader, MetadataReader, V
 
 MAX_CONTEXT = 1 << 24  # the loader builds RoPE tables of this many rows
+SWA_PERIOD = {"gemma3": 6}  # llama.cpp's set_swa_pattern: every sixth layer is global
 
 
 def decoder_spec(file: GGUFFile) -> DecoderSpec:
@@ -54,6 +55,10 @@ def decoder_spec(file: GGUFFile) -> DecoderSpec:
             "parity's RMS_NORM takes a float32 epsilon; store it as FLOAT32",
         )
     _check_no_rope_scaling(m, arch)
+    window, period, base_local = 0, SWA_PERIOD.get(arch, 0), 0.0
+    if period:
+        window = m.count(f"{arch}.attention.sliding_window")
+        base_local = m.positive(f"{arch}.rope.freq_base_swa", 10000.0)
     embd = header.tensors.get("token_embd.weight")
     n_vocab = embd.shape[0] if embd is not None and len(embd.dims) == 2 else 0
     spec = DecoderSpec(
@@ -69,6 +74,9 @@ def decoder_spec(file: GGUFFile) -> DecoderSpec:
         rope_base=m.positive(f"{arch}.rope.freq_base", 10000.0),
         rms_eps=rms_eps,
         n_rot=0 if rot == head_dim else rot,
+        window=window,
+        swa_period=period,
+        rope_base_local=base_local,
     )
     _check_tensors(header, spec, m)
     _check_vocab(header, spec, m)
@@ -150,4 +158,7 @@ def spec_metadata(spec: DecoderSpec) -> dict[str, object]:
     if spec.n_head * spec.head_dim != spec.n_embd:  # readers default to n_embd / n_head
         meta[f"{a}.attention.key_length"] = spec.head_dim
         meta[f"{a}.attention.value_length"] = spec.head_dim
+    if spec.swa_period:
+        meta[f"{a}.attention.sliding_window"] = spec.window
+        meta[f"{a}.rope.freq_base_swa"] = spec.rope_base_local
     return meta

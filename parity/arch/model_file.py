@@ -31,7 +31,7 @@ class ModelFile:
 
 
 def read_model_file(path: str | os.PathLike) -> ModelFile:
-    """Open a llama or qwen2 GGUF file without copying any weight.
+    """Open a llama, qwen2 or gemma3 GGUF file without copying any weight.
 
     Raises ModelFileError for a missing, unreadable, malformed or unsupported file, and
     ModelError for an architecture parity does not build.

@@ -16,7 +16,8 @@ from parity.core.weights import WeightData
 from parity.gguf.writer import write_gguf
 from parity.quant.synthetic import random_weight
 
-# the quant mixes of the real models (SmolLM2 Q4_1; Qwen2.5 Q4_K_M)
+# the quant mixes of the real models (SmolLM2 Q4_1; Qwen2.5 Q4_K_M; Gemma 3 Q4_K_M, whose
+# output is the Q8_0 embedding)
 QUANT_MIXES = {
     "llama": {
         "attn": DType.Q4_1,
@@ -33,6 +34,14 @@ QUANT_MIXES = {
         "ffn_down": DType.Q6_K,
         "embd": DType.Q8_0,
         "output": DType.Q6_K,
+    },
+    "gemma3": {
+        "attn": DType.Q5_0,
+        "attn_v": DType.Q8_0,
+        "ffn": DType.Q5_0,
+        "ffn_down": DType.Q6_K,
+        "embd": DType.Q8_0,
+        "output": None,
     },
 }
 
@@ -95,6 +104,8 @@ def tiny_spec(arch: str = "llama", **overrides: object) -> DecoderSpec:
         rope_base=100000.0 if arch == "llama" else 1000000.0,
         rms_eps=float(np.float32(1e-5 if arch == "llama" else 1e-6)),
     )
+    if arch == "gemma3":  # layer 0 local (a 3-position window, its own RoPE base), 1 global
+        base |= dict(window=3, swa_period=2, rope_base_local=10000.0)
     return DecoderSpec(**(base | overrides))
 
 
