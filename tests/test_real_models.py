@@ -32,11 +32,13 @@ def test_smollm2_knows_the_capital_of_france(smollm2):
     assert gen.text.startswith(" Paris.")
 
 
-def test_smollm2_decode_equals_prefill_bit_for_bit(smollm2):
-    ids = smollm2.tokenize("The quick brown fox jumps over")
-    full = smollm2.logits(ids)
-    smollm2.reset()
-    session = smollm2.session
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_decode_equals_prefill_bit_for_bit(request, name):
+    model = request.getfixturevalue(name)
+    ids = model.tokenize("The quick brown fox jumps over")
+    full = model.logits(ids)
+    model.reset()
+    session = model.session
     rows = [session.prefill(ids[:3], greedy=False).copy()]
     rows += [session.step(t, greedy=False).copy() for t in ids[3:]]
     assert np.stack(rows).tobytes() == full[2:].tobytes()
@@ -56,16 +58,6 @@ def test_gemma3_continues_as_llama_cpp_does(gemma3):
     assert gen.text == " the capital of the country of France. It is"
     assert gemma3.tokenizer.add_bos and gemma3.spec.window == 512 and gemma3.spec.local(4)
     assert not gemma3.spec.local(5)  # every sixth layer is global
-
-
-def test_gemma3_decode_equals_prefill_bit_for_bit(gemma3):
-    ids = gemma3.tokenize("The quick brown fox jumps over")
-    full = gemma3.logits(ids)
-    gemma3.reset()
-    session = gemma3.session
-    rows = [session.prefill(ids[:3], greedy=False).copy()]
-    rows += [session.step(t, greedy=False).copy() for t in ids[3:]]
-    assert np.stack(rows).tobytes() == full[2:].tobytes()
 
 
 def test_qwen_writes_python(qwen):
