@@ -22,7 +22,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site XLA_PYTHON_CLIENT_PREALLOCATE=false
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
-models="smollm2-135m qwen2.5-coder-0.5b"
+models=${MODELS:-"smollm2-135m qwen2.5-coder-0.5b gemma3-270m"}
 for m in $models; do
   [ -f /tmp/$m.gguf ] || python3 .peer/twin.py .peer/headers/$m.header.bin /tmp/$m.gguf >/dev/null
 done

@@ -32,7 +32,7 @@ def cpu() -> CpuBackend:
     return CpuBackend(Device("cpu"))
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gemma3"])
 def model(request):
     spec, weights = synthetic_model(tiny_spec(request.param, n_ctx_train=2048), seed=5)
     return request.param, spec, weights

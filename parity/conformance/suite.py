@@ -392,13 +392,16 @@ def op_suite() -> list[CaseSpec]:
                 )
             )
     # sliding windows (Gemma 3's local layers: 4 heads, 1 kv head, 256 dims, window 512):
-    # windows inside one chunk, across chunk edges, starting on one, of one position
+    # windows inside one chunk, across chunk edges, starting on one, of one position; a
+    # prefill without GQA and a window over more chunks than a GPU reads in one launch
     for heads, start, t, n_ctx, window in (
         ((4, 1, 256), 0, 300, 640, 100),
         ((4, 1, 256), 1000, 2, 1280, 512),
         ((4, 1, 256), 767, 1, 1024, 512),
         ((9, 3, 64), 250, 20, 512, 7),
         ((9, 3, 64), 5, 3, 64, 1),
+        ((4, 4, 64), 600, 8, 1024, 100),
+        ((2, 1, 64), 9500, 1, 10240, 9000),
     ):
         name = "x".join(map(str, heads))
         specs.append(

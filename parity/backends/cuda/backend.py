@@ -36,8 +36,7 @@ from parity.core.scheduler import accepts
 from parity.core.weights import WeightData
 from parity.errors import BackendError, ConfigError
 
-# RESHAPE has not run on a GPU yet, so cuda does not claim it (the scheduler gives it to cpu)
-OPS = frozenset(Op) - {Op.INPUT, Op.WEIGHT, Op.STATE, Op.RESHAPE}
+OPS = frozenset(Op) - {Op.INPUT, Op.WEIGHT, Op.STATE}
 ADVANCE = ("rows.cu", "advance_i32")  # the kernel of ``increment``
 SPLIT_CHUNKS = 1  # chunks per block of flash-decoding attention
 
@@ -115,8 +114,8 @@ class CudaBackend(Backend):
     def supports_op(self, node: Node, srcs: Sequence[Node]) -> bool:
         if node.op not in OPS:
             return False
-        if node.op is Op.ATTENTION:  # (a sliding window has no kernel here yet)
-            return node.arg.head_dim in (64, 128, 256) and not node.arg.window
+        if node.op is Op.ATTENTION:
+            return node.arg.head_dim in (64, 128, 256)
         return True
 
     def rewrite(self, graph: Graph) -> Graph:

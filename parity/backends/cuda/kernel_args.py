@@ -34,7 +34,7 @@ class AttnArg(ctypes.Structure):
         ]
         + [
             (name, ctypes.c_int)
-            for name in ("n_head", "n_head_kv", "n_ctx", "chunks_per_split", "n_split")
+            for name in ("n_head", "n_head_kv", "n_ctx", "chunks_per_split", "n_split", "window")
         ]
         + [("scale", ctypes.c_float)]
     )

@@ -210,6 +210,9 @@ class Lowering:
         start, count = node.arg.start, node.arg.count
         self.out.launches.append((self.copy, (self.values[i], x[start : start + count])))
 
+    def _reshape(self, i, node, follow):
+        self.out.launches.append((self.copy, (self.values[i], self.values[node.src[0]])))
+
     def _binary(self, i, node, op: int):
         b = self.graph.nodes[node.src[1]]
         n = node.shape[0] * node.shape[1]
@@ -386,8 +389,10 @@ class Lowering:
         a.out = self._ptr(i).value
         a.oq, a.od, a.os = (pointer(p).value for p in (oq, od, os_))
         a.n_head, a.n_head_kv, a.n_ctx, a.scale = arg.n_head, arg.n_head_kv, n_ctx, arg.scale
+        a.window = arg.window
         chunks = -(-n_ctx // 256)
-        if t <= SPLIT_TOKENS and chunks <= CHUNKS_ONE_LAUNCH:
+        seen = chunks if not arg.window else min(chunks, -(-(arg.window - 1) // 256) + 1)
+        if t <= SPLIT_TOKENS and seen <= CHUNKS_ONE_LAUNCH:  # (blocks outside a window exit)
             part = self.new_scratch(DType.F32, (t * arg.n_head * chunks * (d + 1),))
             tickets = self.new_scratch(DType.I32, (t * arg.n_head,))  # zero: scratch is zeroed
             self.out.scratch += [part, tickets]

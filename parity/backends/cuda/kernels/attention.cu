@@ -22,6 +22,12 @@
 //   head) are spread over blocks: a first launch writes each block's max, a second recomputes
 //   the scores of its chunks with the max of all of them and writes each chunk's sums, a third
 //   folds those in chunk order. Same operations, same bits as attention_rows.
+//
+// A sliding window (``window`` W > 0) makes a token at p see positions lo .. p, lo =
+// max(0, p - W + 1): every kernel walks the chunks lo / 256 .. p / 256 only (still aligned at
+// position 0), a slot outside lo .. p is padding (+0.0, its score dropped from the max), and
+// the fold starts at chunk lo / 256. Rows before lo may be loaded (they are valid memory) but
+// their scores and values are dropped, like those of rows past p.
 #include "common.cuh"
 
 #define CHUNK 256
@@ -39,8 +45,17 @@ struct AttnArgs {
     float* pmax;  // split: per (token, head, split) the max of its scores
     int* tickets;  // chunks: per (token, head) a counter, zero between launches
     int n_head, n_head_kv, n_ctx, chunks_per_split, n_split;
+    int window;  // 0: every position 0 .. p
     float scale;
 };
+
+// the first position a token at p sees
+__device__ __forceinline__ int window_lo(const AttnArgs& a, int p) {
+    return a.window > 0 ? max(0, p - a.window + 1) : 0;
+}
+
+// whether slot pos holds a position the token sees
+__device__ __forceinline__ bool seen(int pos, int lo, int p) { return pos >= lo && pos <= p; }
 
 #define KTILE 36  // floats per row of a warp's K tile: 16-byte aligned, and bank-conflict free
 #define TILE_FLOATS (CHUNK / 32 * 32 * KTILE)  // the 8 warps' tiles
@@ -154,18 +169,20 @@ __device__ __forceinline__ float chunk_tree(float v, float* smem) {
     return r;
 }
 
-// The max of the scores of chunks [c0, c1) that hold positions <= p (-inf if none: -inf never
-// wins over a real score, and a NaN still does); keep(c, s) sees this thread's score in each.
+// The max of the scores of chunks [c0, c1) that hold positions lo .. p (-inf if none: -inf
+// never wins over a real score, and a NaN still does); keep(c, s) sees this thread's score in
+// each.
 template <int D, typename Keep>
-__device__ float chunks_max(const AttnArgs& a, const float* sq, const float* kbase, int p, int c0,
-                            int c1, float* tile, float* smem, Keep keep) {
+__device__ float chunks_max(const AttnArgs& a, const float* sq, const float* kbase, int lo, int p,
+                            int c0, int c1, float* tile, float* smem, Keep keep) {
+    c0 = max(c0, lo / CHUNK);
     const int cend = min(c1, p / CHUNK + 1);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float m = -__int_as_float(0x7f800000);
     auto row_of = [&](int k) { return (c0 + k) * CHUNK + warp * 32; };
-    warp_scores<D>(sq, kbase, a.n_head_kv * D, p, a.scale, cend - c0, row_of,
+    warp_scores<D>(sq, kbase, a.n_head_kv * D, p, a.scale, max(0, cend - c0), row_of,
                    [&](int k, float s) {
-                       if (row_of(k) + lane <= p) m = max_nan(m, s);
+                       if (seen(row_of(k) + lane, lo, p)) m = max_nan(m, s);
                        keep(c0 + k, s);
                    }, tile + warp * 32 * KTILE);  // fmt: skip
     return block_max(m, smem);
@@ -187,25 +204,26 @@ __device__ __forceinline__ float chunk_score(const AttnArgs& a, const float* sq,
 // score s. Thread (part, i) sums the values of its run's rows at dimension i: the first VPRE
 // from ``vpre`` (loaded by the caller, early), the rest loaded here 32 at a time.
 template <int D, int VPRE = 0>
-__device__ float chunk_sums(const AttnArgs& a, const float* vbase, int p, int c, float s, float m,
-                            float* se, float* sn, float* smem,
+__device__ float chunk_sums(const AttnArgs& a, const float* vbase, int lo, int p, int c, float s,
+                            float m, float* se, float* sn, float* smem,
                             const float (&vpre)[VPRE > 0 ? VPRE : 1]) {
     constexpr int PARTS = CHUNK / D;
     const int width = a.n_head_kv * D;
     const int pos = c * CHUNK + threadIdx.x;
     float e = 0.0f;  // padding: +0.0 literally
-    if (pos <= p) e = p_exp(__fsub_rn(s, m));
+    if (seen(pos, lo, p)) e = p_exp(__fsub_rn(s, m));
     se[threadIdx.x] = e;
     const float den = chunk_tree(e, smem);  // (its barrier also publishes se)
     const int i = threadIdx.x % D, part = threadIdx.x / D;
     float st[10];
     const int first = c * CHUNK + part * D;
     // the run's values in batches of 32 loads issued together (one memory latency per batch,
-    // not one per row); rows past p read row p, a valid one, and are dropped
+    // not one per row); rows past p read row p, a valid one, and are dropped, as are rows
+    // before lo
 #pragma unroll
     for (int j = 0; j < VPRE; ++j) {
         const float e = se[part * D + j];
-        tree_push<10>(st, j, first + j <= p ? __fmul_rn(e, vpre[j]) : 0.0f);
+        tree_push<10>(st, j, seen(first + j, lo, p) ? __fmul_rn(e, vpre[j]) : 0.0f);
     }
 #pragma unroll
     for (int j0 = VPRE; j0 < D; j0 += 32) {
@@ -215,7 +233,8 @@ __device__ float chunk_sums(const AttnArgs& a, const float* vbase, int p, int c,
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
             const float e = se[part * D + j0 + j];
-            tree_push<10>(st, j0 + j, first + j0 + j <= p ? __fmul_rn(e, vals[j]) : 0.0f);
+            const bool in = seen(first + j0 + j, lo, p);
+            tree_push<10>(st, j0 + j, in ? __fmul_rn(e, vals[j]) : 0.0f);
         }
     }
     float run = tree_finish<10>(st, D, D);
@@ -266,18 +285,18 @@ __global__ void __launch_bounds__(CHUNK) attention_rows(AttnArgs a) {
     const float* kbase = a.k + g * D;
     const float* vbase = a.v + g * D;
     load_q<D>(a, t, h, sq);
-    const int nc = p / CHUNK + 1;
-    const float m = chunks_max<D>(a, sq, kbase, p, 0, nc, tile, smem, [&](int c, float s) {
-        if (c < KEEP_CHUNKS) kept[c * CHUNK + threadIdx.x] = s;  // read back by this thread
+    const int lo = window_lo(a, p), c0 = lo / CHUNK, nc = p / CHUNK + 1;
+    const float m = chunks_max<D>(a, sq, kbase, lo, p, c0, nc, tile, smem, [&](int c, float s) {
+        if (c - c0 < KEEP_CHUNKS) kept[(c - c0) * CHUNK + threadIdx.x] = s;  // read back here
     });
     float num = 0.0f, den = 0.0f;
-    for (int c = 0; c < nc; ++c) {
-        const float s = c < KEEP_CHUNKS ? kept[c * CHUNK + threadIdx.x]
-                                        : chunk_score<D>(a, sq, kbase, p, c, tile);
-        const float dc = chunk_sums<D>(a, vbase, p, c, s, m, se, sn, smem, NO_VALUES);
+    for (int c = c0; c < nc; ++c) {
+        const float s = c - c0 < KEEP_CHUNKS ? kept[(c - c0) * CHUNK + threadIdx.x]
+                                             : chunk_score<D>(a, sq, kbase, p, c, tile);
+        const float dc = chunk_sums<D>(a, vbase, lo, p, c, s, m, se, sn, smem, NO_VALUES);
         const float nci = threadIdx.x < D ? sn[threadIdx.x] : 0.0f;
-        den = c == 0 ? dc : __fadd_rn(den, dc);
-        num = c == 0 ? nci : __fadd_rn(num, nci);
+        den = c == c0 ? dc : __fadd_rn(den, dc);
+        num = c == c0 ? nci : __fadd_rn(num, nci);
         __syncthreads();
     }
     store_out<D>(a, t, h, num, den);
@@ -298,8 +317,8 @@ __global__ void __launch_bounds__(CHUNK) attention_chunks(AttnArgs a) {
     const int h = blockIdx.x, t = blockIdx.y, c = blockIdx.z;
     const int g = h / (a.n_head / a.n_head_kv);
     const int p = a.positions[t];
-    const int nc = p / CHUNK + 1;
-    if (c >= nc) return;  // past the position: no work, no ticket
+    const int lo = window_lo(a, p), c0 = lo / CHUNK, nc = p / CHUNK + 1;
+    if (c < c0 || c >= nc) return;  // outside the window or past the position: no ticket
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int width = a.n_head_kv * D;
     const float* kbase = a.k + g * D;
@@ -322,33 +341,35 @@ __global__ void __launch_bounds__(CHUNK) attention_chunks(AttnArgs a) {
         score_slabs<G>(st, kb, sq, s0, tile);
     }
     const float s = __fmul_rn(tree_finish<10>(st, D, D), a.scale);  // this slot's score
-    float m = row0 + lane <= p ? s : -__int_as_float(0x7f800000);
-    if (nc > 1) {  // the other visible chunks, for the max only
-        auto row_of = [&](int k) { return (k < c ? k : k + 1) * CHUNK + warp * 32; };
-        warp_scores<D>(sq, kbase, width, p, a.scale, nc - 1, row_of,
+    float m = seen(row0 + lane, lo, p) ? s : -__int_as_float(0x7f800000);
+    if (nc - c0 > 1) {  // the other visible chunks, for the max only
+        auto row_of = [&](int k) {  // chunk k of c0 .. nc - 1 without c
+            return (c0 + k < c ? c0 + k : c0 + k + 1) * CHUNK + warp * 32;
+        };
+        warp_scores<D>(sq, kbase, width, p, a.scale, nc - c0 - 1, row_of,
                        [&](int k, float v) {
-                           if (row_of(k) + lane <= p) m = max_nan(m, v);
+                           if (seen(row_of(k) + lane, lo, p)) m = max_nan(m, v);
                        }, tile);  // fmt: skip
     }
     m = block_max(m, smem);
-    const float dc = chunk_sums<D, VPRE>(a, vbase, p, c, s, m, se, sn, smem, vals);
+    const float dc = chunk_sums<D, VPRE>(a, vbase, lo, p, c, s, m, se, sn, smem, vals);
     const i64 th = (i64)t * a.n_head + h;
     float* part = a.part + th * gridDim.z * (D + 1);
     if (threadIdx.x < D) part[(i64)c * (D + 1) + threadIdx.x] = sn[threadIdx.x];
     if (threadIdx.x == 0) part[(i64)c * (D + 1) + D] = dc;
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&a.tickets[th], 1) == nc - 1;
+    if (threadIdx.x == 0) last = atomicAdd(&a.tickets[th], 1) == nc - c0 - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
     float num = 0.0f, den = 0.0f;
-    for (int k = 0; k < nc; ++k) {  // at L2: other blocks wrote them
+    for (int k = c0; k < nc; ++k) {  // at L2: other blocks wrote them
         const float* pk = part + (i64)k * (D + 1);
         const float nk = threadIdx.x < D ? __ldcg(pk + threadIdx.x) : 0.0f;
         const float dk = __ldcg(pk + D);
-        den = k == 0 ? dk : __fadd_rn(den, dk);
-        num = k == 0 ? nk : __fadd_rn(num, nk);
+        den = k == c0 ? dk : __fadd_rn(den, dk);
+        num = k == c0 ? nk : __fadd_rn(num, nk);
     }
     store_out<D>(a, t, h, num, den);
     if (threadIdx.x == 0) a.tickets[th] = 0;  // ready for the next launch (or replay)
@@ -364,10 +385,11 @@ __global__ void __launch_bounds__(CHUNK) attention_split_max(AttnArgs a) {
     const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z;
     const int g = h / (a.n_head / a.n_head_kv);
     const int p = a.positions[t];
-    const int c0 = z * a.chunks_per_split;
-    if (c0 * CHUNK > p) return;  // no position of this split is visible
+    const int lo = window_lo(a, p);
+    const int c0 = z * a.chunks_per_split, c1 = c0 + a.chunks_per_split;
+    if (c0 * CHUNK > p || c1 * CHUNK <= lo) return;  // no position of this split is visible
     load_q<D>(a, t, h, sq);
-    const float m = chunks_max<D>(a, sq, a.k + g * D, p, c0, c0 + a.chunks_per_split, tile, smem,
+    const float m = chunks_max<D>(a, sq, a.k + g * D, lo, p, c0, c1, tile, smem,
                                   [](int, float) {});
     if (threadIdx.x == 0) a.pmax[((i64)t * a.n_head + h) * a.n_split + z] = m;
 }
@@ -379,19 +401,20 @@ __global__ void __launch_bounds__(CHUNK) attention_split_sums(AttnArgs a) {
     const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z;
     const int g = h / (a.n_head / a.n_head_kv);
     const int p = a.positions[t];
-    const int c0 = z * a.chunks_per_split;
-    if (c0 * CHUNK > p) return;
+    const int lo = window_lo(a, p), cps = a.chunks_per_split;
+    const int c0 = z * cps;
+    if (c0 * CHUNK > p || (c0 + cps) * CHUNK <= lo) return;
     load_q<D>(a, t, h, sq);
     const int nc = p / CHUNK + 1;
-    const int used = (nc + a.chunks_per_split - 1) / a.chunks_per_split;
+    const int zlo = lo / CHUNK / cps, used = (nc + cps - 1) / cps;  // the splits that ran
     const float* pm = a.pmax + ((i64)t * a.n_head + h) * a.n_split;
-    float m = pm[0];
-    for (int k = 1; k < used; ++k) m = max_nan(m, pm[k]);
-    const int c1 = min(c0 + a.chunks_per_split, nc);
+    float m = pm[zlo];
+    for (int k = zlo + 1; k < used; ++k) m = max_nan(m, pm[k]);
+    const int c1 = min(c0 + cps, nc);
     const i64 nchunks = (a.n_ctx + CHUNK - 1) / CHUNK;
-    for (int c = c0; c < c1; ++c) {
+    for (int c = max(c0, lo / CHUNK); c < c1; ++c) {
         const float s = chunk_score<D>(a, sq, a.k + g * D, p, c, tile);
-        const float dc = chunk_sums<D>(a, a.v + g * D, p, c, s, m, se, sn, smem, NO_VALUES);
+        const float dc = chunk_sums<D>(a, a.v + g * D, lo, p, c, s, m, se, sn, smem, NO_VALUES);
         float* out = a.part + (((i64)t * a.n_head + h) * nchunks + c) * (D + 1);
         if (threadIdx.x < D) out[threadIdx.x] = sn[threadIdx.x];
         if (threadIdx.x == 0) out[D] = dc;
@@ -404,15 +427,15 @@ template <int D>
 __global__ void __launch_bounds__(CHUNK) attention_split_fold(AttnArgs a) {
     const int h = blockIdx.x, t = blockIdx.y;
     const int p = a.positions[t];
-    const int nc = p / CHUNK + 1;
+    const int c0 = window_lo(a, p) / CHUNK, nc = p / CHUNK + 1;
     const i64 nchunks = (a.n_ctx + CHUNK - 1) / CHUNK;
     const float* part = a.part + ((i64)t * a.n_head + h) * nchunks * (D + 1);
     float num = 0.0f, den = 0.0f;
-    for (int c = 0; c < nc; ++c) {
+    for (int c = c0; c < nc; ++c) {
         const float* pc = part + (i64)c * (D + 1);
         const float nci = threadIdx.x < D ? pc[threadIdx.x] : 0.0f;
-        den = c == 0 ? pc[D] : __fadd_rn(den, pc[D]);
-        num = c == 0 ? nci : __fadd_rn(num, nci);
+        den = c == c0 ? pc[D] : __fadd_rn(den, pc[D]);
+        num = c == c0 ? nci : __fadd_rn(num, nci);
     }
     store_out<D>(a, t, h, num, den);
 }
@@ -496,7 +519,7 @@ __global__ void __launch_bounds__(CHUNK) attention_rows_gqa(AttnArgs a) {
     const int g = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31;
     const int p = a.positions[t];
-    const int nc = p / CHUNK + 1;
+    const int lo = window_lo(a, p), c0 = lo / CHUNK, nc = p / CHUNK + 1;
     const int width = a.n_head_kv * D;
     const float* kbase = a.k + g * D;
     const float* vbase = a.v + g * D;
@@ -507,22 +530,22 @@ __global__ void __launch_bounds__(CHUNK) attention_rows_gqa(AttnArgs a) {
     float m[H];
 #pragma unroll
     for (int h = 0; h < H; ++h) m[h] = -__int_as_float(0x7f800000);
-    for (int c = 0; c < nc; ++c) {
+    for (int c = c0; c < nc; ++c) {
         float s[H];
         heads_scores<D, H>(s, sq, kbase, width, p, c * CHUNK + warp * 32, a.scale, tile);
-        if (c * CHUNK + tid <= p) {
+        if (seen(c * CHUNK + tid, lo, p)) {
 #pragma unroll
             for (int h = 0; h < H; ++h) m[h] = max_nan(m[h], s[h]);
         }
     }
     heads_max<H>(m, red);
     const int i = tid % D, part = tid / D;
-    for (int c = 0; c < nc; ++c) {
+    for (int c = c0; c < nc; ++c) {
         const int pos = c * CHUNK + tid;
         float e[H];
         heads_scores<D, H>(e, sq, kbase, width, p, c * CHUNK + warp * 32, a.scale, tile);
 #pragma unroll
-        for (int h = 0; h < H; ++h) e[h] = pos <= p ? p_exp(__fsub_rn(e[h], m[h])) : 0.0f;
+        for (int h = 0; h < H; ++h) e[h] = seen(pos, lo, p) ? p_exp(__fsub_rn(e[h], m[h])) : 0.0f;
         __syncthreads();  // every warp is done with its tile: the pool takes the weights
 #pragma unroll
         for (int h = 0; h < H; ++h) pool[h * CHUNK + tid] = e[h];
@@ -537,7 +560,7 @@ __global__ void __launch_bounds__(CHUNK) attention_rows_gqa(AttnArgs a) {
             for (int j = 0; j < 32; ++j) vals[j] = vbase[(i64)min(first + j0 + j, p) * width + i];
 #pragma unroll
             for (int j = 0; j < 32; ++j) {
-                const bool in = first + j0 + j <= p;
+                const bool in = seen(first + j0 + j, lo, p);
 #pragma unroll
                 for (int h = 0; h < H; ++h) {
                     const float w = pool[h * CHUNK + part * D + j0 + j];
@@ -555,11 +578,11 @@ __global__ void __launch_bounds__(CHUNK) attention_rows_gqa(AttnArgs a) {
             if (PARTS == 1) nci = r[0];
             else if (PARTS == 2) nci = __fadd_rn(r[0], r[D]);
             else nci = __fadd_rn(__fadd_rn(r[0], r[D]), __fadd_rn(r[2 * D], r[3 * D]));
-            acc[o] = c == 0 ? nci : __fadd_rn(acc[o], nci);
+            acc[o] = c == c0 ? nci : __fadd_rn(acc[o], nci);
         }
         if (tid == 0) {
 #pragma unroll
-            for (int h = 0; h < H; ++h) den[h] = c == 0 ? e[h] : __fadd_rn(den[h], e[h]);
+            for (int h = 0; h < H; ++h) den[h] = c == c0 ? e[h] : __fadd_rn(den[h], e[h]);
         }
         __syncthreads();  // before the next chunk's tiles overwrite the runs
     }
