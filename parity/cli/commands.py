@@ -402,6 +402,8 @@ def _capture_policy(model, plan) -> list[str]:
 def perplexity(args: argparse.Namespace) -> int:
     from parity.measure.perplexity import perplexity as measure
 
+    if args.kl_divergence_base:
+        return _agreement(args)
     path = Path(args.file)
     try:
         text = path.read_text(encoding="utf-8")
@@ -421,6 +423,30 @@ def perplexity(args: argparse.Namespace) -> int:
         print(json.dumps(attrs.asdict(result)))
     else:
         print(result.line())
+    return 0
+
+
+def _agreement(args: argparse.Namespace) -> int:
+    from parity.measure.agreement import agreement, read_base
+
+    base = read_base(args.kl_divergence_base)
+    if args.ctx and args.ctx != base.n_ctx:
+        raise ParityError(
+            f"{base.path} scores chunks of {base.n_ctx} tokens; leave out --ctx or give "
+            f"--ctx {base.n_ctx}"
+        )
+    model = _load(args, n_ctx=base.n_ctx)
+
+    def progress(done: int, total: int, share: float) -> None:
+        print(f"[{done}/{total}] top-1 {100 * share:.2f} %", file=sys.stderr, flush=True)
+
+    result = agreement(model, base, max_chunks=args.chunks, progress=progress)
+    if args.json:
+        import attrs
+
+        print(json.dumps(attrs.asdict(result)))
+    else:
+        print("\n".join(result.lines()))
     return 0
 
 

@@ -193,7 +193,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("perplexity", help="perplexity of a text file (llama.cpp's protocol)")
     _model_options(p)
-    p.add_argument("-f", "--file", required=True, help="a UTF-8 text file")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("-f", "--file", help="a UTF-8 text file")
+    source.add_argument(
+        "--kl-divergence-base", metavar="FILE",
+        help="compare with the logits `llama-perplexity --kl-divergence-base FILE` saved, on "
+             "its tokens and chunks: top-1 agreement, KL divergence and both perplexities",
+    )  # fmt: skip
     p.add_argument("--chunks", type=_positive, help="score at most this many chunks")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=commands.perplexity)
