@@ -1,10 +1,10 @@
 """The plugin manager: hookspecs, the ``parity`` entry-point group, the built-in backends.
 
 ``PARITY_PLUGINS`` limits which installed plugins load: ``jax`` loads only that one; ``-jax``
-(or ``-jax,-other``) loads all but those. The filter applies to the built-in ``cuda`` too;
-``cpu`` always loads: it is the oracle and the fallback every runtime needs. A plugin that
-fails to import, declares a hook parity does not have, or fails to register is reported by
-name and skipped; every other backend keeps working.
+(or ``-jax,-other``) loads all but those. The filter applies to the built-in ``cuda`` and
+``triton`` too; ``cpu`` always loads: it is the oracle and the fallback every runtime needs. A
+plugin that fails to import, declares a hook parity does not have, or fails to register is
+reported by name and skipped; every other backend keeps working.
 """
 
 from __future__ import annotations
@@ -25,7 +25,11 @@ from parity.errors import PluginError
 
 ENTRY_POINT_GROUP = "parity"
 ENV_VAR = "PARITY_PLUGINS"
-DEFAULT_PLUGINS = {"cpu": "parity.backends.cpu", "cuda": "parity.backends.cuda"}
+DEFAULT_PLUGINS = {
+    "cpu": "parity.backends.cpu",
+    "cuda": "parity.backends.cuda",
+    "triton": "parity.backends.triton",
+}
 
 
 class PluginWarning(UserWarning):

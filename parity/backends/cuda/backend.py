@@ -20,13 +20,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from parity.backends.cuda import discovery
+from parity.backends.gpu.executable import CapturesGraphs, GpuExecutable
 from parity.core.backend import (
     Availability,
     Backend,
     Buffer,
-    CaptureResult,
     Device,
-    Executable,
     Split,
 )
 from parity.core.dtypes import DType, host_layout
@@ -41,15 +40,11 @@ ADVANCE = ("rows.cu", "advance_i32")  # the kernel of ``increment``
 SPLIT_CHUNKS = 1  # chunks per block of flash-decoding attention
 
 
-class CudaExecutable(Executable):
-    def __init__(self, split, inputs, outputs, launches, keep) -> None:
-        super().__init__(split, inputs, outputs)
-        self.launches = launches
-        self.keep = keep  # buffers and scratch the launches point at
-        self.graph: Any = None  # the CUDA graph, once captured
+class CudaExecutable(GpuExecutable):
+    pass
 
 
-class CudaBackend(Backend):
+class CudaBackend(CapturesGraphs, Backend):
     name = "cuda"
     numerics_modes = ("exact", "fast")  # exact satisfies fast
     queues = True  # every per-step call goes on the runtime's stream
@@ -243,23 +238,6 @@ class CudaBackend(Backend):
             return
         for fn, args in executable.launches:
             fn(*args)
-
-    def capture(self, executable: CudaExecutable) -> CaptureResult:
-        try:
-            graph = self.rt.capture(lambda: self.execute(executable))
-        except Exception as e:  # the driver's reason, whatever its type
-            return CaptureResult(reason=f"CUDA graph capture failed: {e}")
-        replay = CudaExecutable(
-            executable.split, executable.inputs, executable.outputs, executable.launches,
-            executable.keep,
-        )  # fmt: skip
-        replay.graph = graph
-        return CaptureResult(replay)
-
-    def release(self, executable: CudaExecutable) -> None:
-        executable.graph = None
-        executable.launches = []
-        executable.keep = None
 
     def close(self) -> None:
         self._weights.clear()

@@ -1,0 +1,274 @@
+"""TritonBackend: the IR's ops as Triton kernels on the shared GPU runtime (``parity.backends.gpu``:
+PyTorch memory, one stream, pinned readback, CUDA graphs), bit for bit the cpu oracle in
+``exact`` numerics; or, with ``TRITON_INTERPRET=1``, the same kernels in Triton's interpreter
+on host memory (``HostRuntime``), so a machine without a GPU checks them.
+
+This is the backend's first part: the elementwise ops (ADD, MUL, SILU, SWIGLU, GELU, GEGLU,
+SCALE), the norms (RMS_NORM, RMS_NORM_MUL) and the copies (SLICE_ROWS, RESHAPE). It does not
+claim the others yet; the scheduler
+gives them to cpu, by name. ``auto`` prefers cuda on a GPU (score 90 against cuda's 100: cuda
+runs every op exactly and, until a benchmark says otherwise, faster); the interpreter's device
+scores -1, below the cpu oracle, so it is only used when asked for.
+
+Kernels are compiled when a split is prepared (Triton's own cache keeps them across runs),
+never inside a capture.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from parity.backends.gpu.executable import CapturesGraphs, GpuExecutable
+from parity.backends.triton import discovery
+from parity.core.backend import (
+    Availability,
+    Backend,
+    Buffer,
+    CaptureResult,
+    Device,
+    Split,
+)
+from parity.core.dtypes import DType, host_layout
+from parity.core.fusion import PASSES, fuse
+from parity.core.ir import Graph, Node, Op
+from parity.core.scheduler import accepts
+from parity.core.weights import WeightData
+from parity.errors import BackendError, ConfigError
+
+OPS = frozenset(
+    {Op.ADD, Op.MUL, Op.SILU, Op.SWIGLU, Op.GELU, Op.GEGLU, Op.SCALE, Op.SLICE_ROWS, Op.RESHAPE,
+     Op.RMS_NORM, Op.RMS_NORM_MUL}
+)  # fmt: skip
+SILU, GELU = 0, 1  # the kernels' OP constants
+
+
+class TritonExecutable(GpuExecutable):
+    pass
+
+
+class TritonBackend(CapturesGraphs, Backend):
+    name = "triton"
+    numerics_modes = ("exact",)
+    queues = True  # on a GPU, every per-step call goes on the runtime's stream
+    manifest: ClassVar[Mapping[str, str]] = {op.name: "exact" for op in sorted(OPS, key=str)}
+
+    def __init__(self, device: Device, *, pinned: bool | None = None, **kwargs: Any) -> None:
+        super().__init__(device, **kwargs)
+        unknown = sorted(set(self.options) - {"pinned"})
+        if unknown:
+            raise ConfigError(
+                f"[backends.triton] has unknown option(s) {', '.join(unknown)}; "
+                "the triton backend takes pinned"
+            )
+        ok = self.available()
+        if not ok.ok:
+            raise BackendError(f"the triton backend cannot run here: {ok.reason}")
+        self.interpreted = discovery.interpreting()
+        if self.interpreted:
+            from parity.backends.gpu.host import HostRuntime
+
+            self.rt: Any = HostRuntime()
+        else:
+            from parity.backends.cuda.discovery import probe
+            from parity.backends.gpu.pinned import pinning_wanted
+            from parity.backends.gpu.runtime import GpuRuntime
+
+            if all(g.index != device.index for g in probe().usable):
+                have = ", ".join(f"triton:{g.index}" for g in probe().usable) or "none"
+                raise BackendError(f"there is no usable GPU triton:{device.index} (usable: {have})")
+            if pinned is None:
+                pinned = bool(self.options.get("pinned", pinning_wanted()))
+            self.rt = GpuRuntime(device.index, pinned=pinned)
+        import triton
+
+        from parity.backends.triton.kernels import elementwise, norm
+
+        self.triton = triton
+        self.k = elementwise
+        self.norm = norm
+        self._weights: dict[str, Any] = {}
+
+    # -- discovery -------------------------------------------------------------------------
+
+    @classmethod
+    def available(cls) -> Availability:
+        missing = discovery.missing_packages()
+        if missing:
+            return Availability(False, missing)
+        if discovery.interpreting():
+            return Availability(True)
+        from parity.backends.cuda.discovery import probe
+
+        found = probe()
+        if not found.gpus:
+            return Availability(
+                False, f"{found.reason} (set {discovery.INTERPRET_ENV}=1 for the interpreter)"
+            )
+        if not found.usable:
+            names = ", ".join(f"{g.name} ({g.arch})" for g in found.gpus)
+            return Availability(False, f"no GPU of sm_80 or newer (found {names})")
+        return Availability(True)
+
+    @classmethod
+    def devices(cls) -> list[Device]:
+        if discovery.interpreting():
+            return [Device("triton", 0, "Triton's interpreter on the CPU (TRITON_INTERPRET=1)")]
+        from parity.backends.cuda.discovery import probe
+
+        return [Device("triton", g.index, g.describe()) for g in probe().usable]
+
+    @classmethod
+    def score(cls, device: Device) -> int:
+        return -1 if discovery.interpreting() else 90
+
+    # -- graphs ----------------------------------------------------------------------------
+
+    def supports_op(self, node: Node, srcs: Sequence[Node]) -> bool:
+        if node.op not in OPS:
+            return False
+        return node.dtype is DType.F32 and all(s.dtype is DType.F32 for s in srcs)
+
+    def rewrite(self, graph: Graph) -> Graph:
+        return fuse(graph, accept=lambda n, s: accepts(self, n, s), passes=PASSES, share_min=1)
+
+    def why_unsupported(self, node: Node, srcs: Sequence[Node]) -> str:
+        if node.op not in OPS:
+            return f"triton has no kernel for {node.op.name} yet (so far: elementwise, norms)"
+        return super().why_unsupported(node, srcs)
+
+    # -- weights and buffers -----------------------------------------------------------------
+
+    def load_weight(self, weight: WeightData) -> None:
+        self._weights[weight.name] = self.rt.upload_weight(weight.raw(), f"weight {weight.name}")
+
+    def alloc(self, dtype: DType, shape: tuple[int, ...]) -> Buffer:
+        return self.rt.value(dtype, tuple(shape))
+
+    def alloc_host(self, dtype: DType, shape: tuple[int, ...]) -> np.ndarray:
+        np_dtype, host_shape = host_layout(dtype, shape)
+        return self.rt.host_empty(np_dtype, host_shape)
+
+    def upload(self, buffer: Buffer, host: np.ndarray) -> None:
+        self._plain(buffer, "upload")
+        self.rt.upload(buffer, host)
+
+    def download(self, buffer: Buffer, out: np.ndarray) -> None:
+        self._plain(buffer, "download")
+        self.rt.download(buffer, out)
+
+    @staticmethod
+    def _plain(buffer: Buffer, what: str) -> None:
+        from parity.backends.gpu.runtime import Q8Value
+
+        if isinstance(buffer, Q8Value):
+            raise BackendError(f"the triton backend has no Q8A values yet ({what})")
+
+    def synchronize(self) -> None:
+        self.rt.synchronize()
+
+    def copy_from(self, dst: Buffer, src: Buffer, source: Backend) -> bool:
+        if not isinstance(source, TritonBackend) or source.device != self.device:
+            return False
+        self._plain(dst, "copy")
+        self.rt.copy(dst, src)
+        return True
+
+    # -- running -----------------------------------------------------------------------------
+
+    def prepare(self, split: Split, inputs: Mapping[int, Buffer]) -> TritonExecutable:
+        graph = split.graph
+        values: dict[int, Any] = dict(inputs)
+        for i in split.nodes:
+            node = graph.nodes[i]
+            values[i] = self.alloc(node.dtype, node.shape)
+        for i in split.inputs:  # F32 weights (bias rows, norm weights) read as float32
+            node = graph.nodes[i]
+            if node.op is Op.WEIGHT:
+                raw = self._weights[node.arg]
+                values[i] = raw.view(self.rt.torch.float32).reshape(node.shape)
+        launches = [self._lower(graph.nodes[i], values[i], values) for i in split.nodes]
+        if not self.interpreted:
+            for fn in launches:  # compile now (Triton's cache keeps it), not in a capture
+                fn(warmup=True)
+        outputs = {i: values[i] for i in split.outputs}
+        return TritonExecutable(split, inputs, outputs, launches, values)
+
+    def _lower(self, node: Node, out: Any, values: Mapping[int, Any]):
+        """A callable that enqueues ``node``'s kernel (``warmup=True``: only compile it)."""
+        src = [values[s] for s in node.src]
+        n = int(np.prod(node.shape))
+        k = self.k
+        if node.op is Op.SLICE_ROWS:
+            start, count = node.arg.start, node.arg.count
+            return functools.partial(self._copy, out, src[0][start : start + count])
+        if node.op is Op.RESHAPE:
+            return functools.partial(self._copy, out, src[0])
+        if node.op in (Op.ADD, Op.MUL):
+            row = src[1].dim() == 1
+            op = 0 if node.op is Op.ADD else 1
+            return self._kernel(k.binary_f32, n, out, src[0], src[1], n, node.shape[1],
+                                OP=op, ROW=row)  # fmt: skip
+        if node.op in (Op.SILU, Op.GELU):
+            return self._kernel(k.unary_f32, n, out, src[0], n,
+                                OP=SILU if node.op is Op.SILU else GELU)  # fmt: skip
+        if node.op in (Op.SWIGLU, Op.GEGLU):
+            return self._kernel(k.glu_f32, n, out, src[0], src[1], n,
+                                OP=SILU if node.op is Op.SWIGLU else GELU)  # fmt: skip
+        if node.op is Op.SCALE:
+            return self._kernel(k.scale_f32, n, out, src[0], n, float(node.arg))
+        if node.op in (Op.RMS_NORM, Op.RMS_NORM_MUL):
+            rows, width = node.shape
+            p = 1 << max(0, width - 1).bit_length()
+            mul = node.op is Op.RMS_NORM_MUL
+            weight = src[1] if mul else src[0]  # (read only with MUL)
+            return self._kernel(self.norm.rms_norm_f32, 0, out, src[0], weight, width,
+                                float(node.arg), grid=(rows,), MUL=mul, P=p,
+                                LOG=p.bit_length() - 1, block=False)  # fmt: skip
+        raise BackendError(f"triton cannot lower {node.op.name}")  # (supports_op said no)
+
+    def _kernel(self, kernel, n: int, *args, grid=None, block: bool = True, **constants):
+        """A launch over ``n`` elements in programs of BLOCK (or over ``grid``, without BLOCK)."""
+        if grid is None:
+            grid = (max(1, self.triton.cdiv(n, self.k.BLOCK)),)
+        opts = dict(constants, enable_fp_fusion=False)
+        if block:
+            opts["BLOCK"] = self.k.BLOCK
+
+        def launch(warmup: bool = False) -> None:
+            if warmup:
+                kernel.warmup(*args, grid=grid, **opts)
+            else:
+                kernel[grid](*args, **opts)
+
+        return launch
+
+    def _copy(self, dst: Any, src: Any, warmup: bool = False) -> None:
+        if not warmup:
+            self.rt.copy(dst, src)
+
+    def execute(self, executable: TritonExecutable) -> None:
+        if executable.graph is not None:
+            self.rt.replay(executable.graph)
+            return
+        if self.interpreted:  # (numpy's warnings on inf and NaN are the kernels' answers)
+            with np.errstate(all="ignore"):
+                for fn in executable.launches:
+                    fn()
+            return
+        torch = self.rt.torch
+        with torch.cuda.device(self.rt.device), torch.cuda.stream(self.rt.stream):
+            for fn in executable.launches:
+                fn()
+
+    def capture(self, executable: TritonExecutable) -> CaptureResult:
+        if self.interpreted:
+            return CaptureResult(reason="Triton's interpreter does not capture graphs")
+        return super().capture(executable)
+
+    def close(self) -> None:
+        self._weights.clear()
+        super().close()

@@ -1,0 +1,1 @@
+"""The triton backend's kernels, one module per op family."""
