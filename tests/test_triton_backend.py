@@ -80,6 +80,16 @@ KERNELS = [  # (module, kernel, signature, constexprs)
      {"OP": 1, "ROW": True, "BLOCK": 1024}),
     ("elementwise", "scale_f32", {"out": "*fp32", "x": "*fp32", "n": "i32", "c": "fp32"},
      {"BLOCK": 1024}),
+    ("rows", "rope_f32",
+     {"out": "*fp32", "x": "*fp32", "positions": "*i32", "cos": "*fp32", "sin": "*fp32",
+      "n_head": "i32", "head_dim": "i32", "half": "i32", "width": "i32"},
+     {"NEOX": True, "BLOCK": 64}),
+    ("rows", "kv_write_f32", {"cache": "*fp32", "rows": "*fp32", "positions": "*i32",
+                              "width": "i32"}, {"BLOCK": 1024}),
+    ("rows", "argmax_f32", {"out": "*i32", "x": "*fp32", "width": "i32"},
+     {"NBLK": 13, "BLOCK": 4096}),
+    ("rows", "quantize_q8", {"q": "*i8", "d": "*fp32", "s": "*fp32", "x": "*fp32", "k": "i32",
+                             "nb": "i32"}, {"BLOCKS": 32}),
 ]  # fmt: skip
 
 

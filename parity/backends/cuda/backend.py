@@ -17,22 +17,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-import numpy as np
-
 from parity.backends.cuda import discovery
-from parity.backends.gpu.executable import CapturesGraphs, GpuExecutable
+from parity.backends.gpu.backend import GpuBackend, GpuExecutable
 from parity.core.backend import (
     Availability,
-    Backend,
     Buffer,
     Device,
     Split,
 )
-from parity.core.dtypes import DType, host_layout
+from parity.core.dtypes import DType
 from parity.core.fusion import PASSES, fuse
 from parity.core.ir import Graph, Node, Op
 from parity.core.scheduler import accepts
-from parity.core.weights import WeightData
 from parity.errors import BackendError, ConfigError
 
 OPS = frozenset(Op) - {Op.INPUT, Op.WEIGHT, Op.STATE}
@@ -44,7 +40,7 @@ class CudaExecutable(GpuExecutable):
     pass
 
 
-class CudaBackend(CapturesGraphs, Backend):
+class CudaBackend(GpuBackend):
     name = "cuda"
     numerics_modes = ("exact", "fast")  # exact satisfies fast
     queues = True  # every per-step call goes on the runtime's stream
@@ -78,8 +74,7 @@ class CudaBackend(CapturesGraphs, Backend):
         self.library.ensure([ADVANCE])  # (a step's kernels are compiled when it is prepared)
         # (address, size, by) -> the launch that advances a kept input, and the buffer (alive)
         self._advance: dict[tuple[int, int, int], tuple[Any, Any]] = {}
-        self._weights: dict[str, Any] = {}
-        self._pending: list[tuple[Any, np.ndarray, tuple[np.ndarray, ...]]] = []
+        self.init_memory()
 
     # -- discovery -------------------------------------------------------------------------
 
@@ -117,71 +112,6 @@ class CudaBackend(CapturesGraphs, Backend):
         return fuse(graph, accept=lambda n, s: accepts(self, n, s), passes=PASSES, share_min=1)
 
     # -- weights and buffers -----------------------------------------------------------------
-
-    def load_weight(self, weight: WeightData) -> None:
-        self._weights[weight.name] = self.rt.upload_weight(weight.raw(), f"weight {weight.name}")
-
-    def alloc(self, dtype: DType, shape: tuple[int, ...]) -> Buffer:
-        return self.rt.value(dtype, tuple(shape))
-
-    def alloc_host(self, dtype: DType, shape: tuple[int, ...]) -> np.ndarray:
-        np_dtype, host_shape = host_layout(dtype, shape)
-        return self.rt.host_empty(np_dtype, host_shape)
-
-    def upload(self, buffer: Buffer, host: np.ndarray) -> None:
-        from parity.backends.gpu.runtime import Q8Value
-
-        if isinstance(buffer, Q8Value):
-            for part, field in ((buffer.q, "q"), (buffer.d, "d"), (buffer.s, "s")):
-                self.rt.upload(part, np.ascontiguousarray(host[field]).reshape(part.shape))
-            self.rt.synchronize()  # the staging copies above are temporaries
-            return
-        self.rt.upload(buffer, host)
-
-    def download(self, buffer: Buffer, out: np.ndarray) -> None:
-        from parity.backends.gpu.runtime import Q8Value
-
-        if isinstance(buffer, Q8Value):
-            parts = tuple(
-                np.empty(tuple(p.shape), dtype)
-                for p, dtype in (
-                    (buffer.q, np.int8),
-                    (buffer.d, np.float32),
-                    (buffer.s, np.float32),
-                )
-            )
-            for p, host in zip((buffer.q, buffer.d, buffer.s), parts, strict=True):
-                self.rt.download(p, host)
-            self._pending.append((buffer, out, parts))
-            return
-        self.rt.download(buffer, out)
-
-    def synchronize(self) -> None:
-        self.rt.synchronize()
-        pending, self._pending = self._pending, []
-        for _, out, (q, d, s) in pending:
-            out["q"] = q.reshape(out["q"].shape)
-            out["d"], out["s"] = d, s
-
-    def copy_from(self, dst: Buffer, src: Buffer, source: Backend) -> bool:
-        from parity.backends.gpu.runtime import Q8Value
-
-        if not isinstance(source, CudaBackend) or source.device != self.device:
-            return False
-        pairs = (
-            ((dst.q, src.q), (dst.d, src.d), (dst.s, src.s))
-            if isinstance(dst, Q8Value)
-            else ((dst, src),)
-        )
-        for a, b in pairs:
-            self.rt.copy(a, b)
-        return True
-
-    def zero(self, buffer: Buffer, dtype: DType, shape: tuple[int, ...]) -> None:
-        parts = (buffer.q, buffer.d, buffer.s) if dtype is DType.Q8A else (buffer,)
-        with self.rt.torch.cuda.stream(self.rt.stream):
-            for p in parts:
-                p.zero_()
 
     def increment(self, buffer: Buffer, dtype: DType, shape: tuple[int, ...], by: int) -> None:
         if dtype is not DType.I32:
@@ -238,7 +168,3 @@ class CudaBackend(CapturesGraphs, Backend):
             return
         for fn, args in executable.launches:
             fn(*args)
-
-    def close(self) -> None:
-        self._weights.clear()
-        super().close()

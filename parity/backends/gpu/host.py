@@ -73,6 +73,10 @@ class HostRuntime:
             progress(data.size)
         return padded[: data.size]
 
+    def zero(self, *tensors: Any) -> None:
+        for t in tensors:
+            t.zero_()
+
     def synchronize(self) -> None:
         return None
 

@@ -171,6 +171,12 @@ class GpuRuntime:
                     progress(part.size)
         return out
 
+    def zero(self, *tensors: Any) -> None:
+        """Queue a fill of each tensor with zeros."""
+        with self.torch.cuda.stream(self.stream):
+            for t in tensors:
+                t.zero_()
+
     def synchronize(self) -> None:
         self.stream.synchronize()
 

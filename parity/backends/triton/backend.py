@@ -22,35 +22,36 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from parity.backends.gpu.executable import CapturesGraphs, GpuExecutable
+from parity.backends.gpu.backend import GpuBackend, GpuExecutable
 from parity.backends.triton import discovery
 from parity.core.backend import (
     Availability,
-    Backend,
     Buffer,
     CaptureResult,
     Device,
     Split,
 )
-from parity.core.dtypes import DType, host_layout
+from parity.core.dtypes import DType
 from parity.core.fusion import PASSES, fuse
 from parity.core.ir import Graph, Node, Op
 from parity.core.scheduler import accepts
-from parity.core.weights import WeightData
 from parity.errors import BackendError, ConfigError
 
 OPS = frozenset(
     {Op.ADD, Op.MUL, Op.SILU, Op.SWIGLU, Op.GELU, Op.GEGLU, Op.SCALE, Op.SLICE_ROWS, Op.RESHAPE,
-     Op.RMS_NORM, Op.RMS_NORM_MUL}
+     Op.RMS_NORM, Op.RMS_NORM_MUL, Op.ROPE, Op.KV_WRITE, Op.ARGMAX, Op.QUANTIZE}
 )  # fmt: skip
+INT_SOURCES = {Op.ROPE: (1,), Op.KV_WRITE: (2,)}  # positions; every other source is F32
 SILU, GELU = 0, 1  # the kernels' OP constants
+KERNELS_SO_FAR = "elementwise, norms, rope, kv writes, argmax, quantize"
+ARGMAX_BLOCK = 4096
 
 
 class TritonExecutable(GpuExecutable):
     pass
 
 
-class TritonBackend(CapturesGraphs, Backend):
+class TritonBackend(GpuBackend):
     name = "triton"
     numerics_modes = ("exact",)
     queues = True  # on a GPU, every per-step call goes on the runtime's stream
@@ -85,12 +86,13 @@ class TritonBackend(CapturesGraphs, Backend):
             self.rt = GpuRuntime(device.index, pinned=pinned)
         import triton
 
-        from parity.backends.triton.kernels import elementwise, norm
+        from parity.backends.triton.kernels import elementwise, norm, rows
 
         self.triton = triton
         self.k = elementwise
         self.norm = norm
-        self._weights: dict[str, Any] = {}
+        self.rows = rows
+        self.init_memory()
 
     # -- discovery -------------------------------------------------------------------------
 
@@ -130,52 +132,16 @@ class TritonBackend(CapturesGraphs, Backend):
     def supports_op(self, node: Node, srcs: Sequence[Node]) -> bool:
         if node.op not in OPS:
             return False
-        return node.dtype is DType.F32 and all(s.dtype is DType.F32 for s in srcs)
+        ints = INT_SOURCES.get(node.op, ())
+        return all(s.dtype is (DType.I32 if k in ints else DType.F32) for k, s in enumerate(srcs))
 
     def rewrite(self, graph: Graph) -> Graph:
         return fuse(graph, accept=lambda n, s: accepts(self, n, s), passes=PASSES, share_min=1)
 
     def why_unsupported(self, node: Node, srcs: Sequence[Node]) -> str:
         if node.op not in OPS:
-            return f"triton has no kernel for {node.op.name} yet (so far: elementwise, norms)"
+            return f"triton has no kernel for {node.op.name} yet (its kernels: {KERNELS_SO_FAR})"
         return super().why_unsupported(node, srcs)
-
-    # -- weights and buffers -----------------------------------------------------------------
-
-    def load_weight(self, weight: WeightData) -> None:
-        self._weights[weight.name] = self.rt.upload_weight(weight.raw(), f"weight {weight.name}")
-
-    def alloc(self, dtype: DType, shape: tuple[int, ...]) -> Buffer:
-        return self.rt.value(dtype, tuple(shape))
-
-    def alloc_host(self, dtype: DType, shape: tuple[int, ...]) -> np.ndarray:
-        np_dtype, host_shape = host_layout(dtype, shape)
-        return self.rt.host_empty(np_dtype, host_shape)
-
-    def upload(self, buffer: Buffer, host: np.ndarray) -> None:
-        self._plain(buffer, "upload")
-        self.rt.upload(buffer, host)
-
-    def download(self, buffer: Buffer, out: np.ndarray) -> None:
-        self._plain(buffer, "download")
-        self.rt.download(buffer, out)
-
-    @staticmethod
-    def _plain(buffer: Buffer, what: str) -> None:
-        from parity.backends.gpu.runtime import Q8Value
-
-        if isinstance(buffer, Q8Value):
-            raise BackendError(f"the triton backend has no Q8A values yet ({what})")
-
-    def synchronize(self) -> None:
-        self.rt.synchronize()
-
-    def copy_from(self, dst: Buffer, src: Buffer, source: Backend) -> bool:
-        if not isinstance(source, TritonBackend) or source.device != self.device:
-            return False
-        self._plain(dst, "copy")
-        self.rt.copy(dst, src)
-        return True
 
     # -- running -----------------------------------------------------------------------------
 
@@ -184,7 +150,10 @@ class TritonBackend(CapturesGraphs, Backend):
         values: dict[int, Any] = dict(inputs)
         for i in split.nodes:
             node = graph.nodes[i]
-            values[i] = self.alloc(node.dtype, node.shape)
+            if node.op is Op.KV_WRITE:
+                values[i] = values[node.src[0]]  # the cache, written in place
+            else:
+                values[i] = self.alloc(node.dtype, node.shape)
         for i in split.inputs:  # F32 weights (bias rows, norm weights) read as float32
             node = graph.nodes[i]
             if node.op is Op.WEIGHT:
@@ -228,6 +197,29 @@ class TritonBackend(CapturesGraphs, Backend):
             return self._kernel(self.norm.rms_norm_f32, 0, out, src[0], weight, width,
                                 float(node.arg), grid=(rows,), MUL=mul, P=p,
                                 LOG=p.bit_length() - 1, block=False)  # fmt: skip
+        if node.op is Op.ROPE:
+            arg = node.arg
+            t = node.shape[0]
+            block = 1 << max(0, arg.head_dim - 1).bit_length()
+            return self._kernel(self.rows.rope_f32, 0, out, *src, arg.n_head, arg.head_dim,
+                                arg.n_rot // 2, node.shape[1], grid=(t, arg.n_head),
+                                NEOX=arg.mode == "neox", BLOCK=block, block=False)  # fmt: skip
+        if node.op is Op.KV_WRITE:
+            t, width = src[1].shape  # the rows
+            grid = (t, self.triton.cdiv(width, self.k.BLOCK))
+            return self._kernel(self.rows.kv_write_f32, 0, src[0], src[1], src[2], width,
+                                grid=grid)  # fmt: skip
+        if node.op is Op.ARGMAX:
+            rows, width = src[0].shape
+            return self._kernel(self.rows.argmax_f32, 0, out, src[0], width, grid=(rows,),
+                                NBLK=self.triton.cdiv(width, ARGMAX_BLOCK), BLOCK=ARGMAX_BLOCK,
+                                block=False)  # fmt: skip
+        if node.op is Op.QUANTIZE:
+            t, k = node.shape
+            nb = k // 32
+            return self._kernel(self.rows.quantize_q8, 0, out.q, out.d, out.s, src[0], k, nb,
+                                grid=(t, self.triton.cdiv(nb, 32)), BLOCKS=32,
+                                block=False)  # fmt: skip
         raise BackendError(f"triton cannot lower {node.op.name}")  # (supports_op said no)
 
     def _kernel(self, kernel, n: int, *args, grid=None, block: bool = True, **constants):
@@ -268,7 +260,3 @@ class TritonBackend(CapturesGraphs, Backend):
         if self.interpreted:
             return CaptureResult(reason="Triton's interpreter does not capture graphs")
         return super().capture(executable)
-
-    def close(self) -> None:
-        self._weights.clear()
-        super().close()

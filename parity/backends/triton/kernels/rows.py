@@ -1,0 +1,102 @@
+"""Row ops in ``exact`` numerics (docs/numerics.md): ROPE, KV_WRITE, ARGMAX and the activation
+quantization (QUANTIZE). Same rules as ``elementwise``: each float operation is one correctly
+rounded binary32 operation as written, ``div_rn`` for divisions, no libdevice call; integer
+sums and maxima are exact in any order, so ``tl.sum`` and ``tl.max`` serve there (with NaN
+tested apart: ``tl.maximum`` drops it).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rope_f32(out, x, positions, cos, sin, n_head, head_dim, half, width,
+             NEOX: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """One program per (token, head): x0' = fl(fl(x0 c) - fl(x1 s)), x1' = fl(fl(x0 s) +
+    fl(x1 c)) over the n_rot = 2 half rotated dims, the rest copied."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    p = tl.load(positions + t).to(tl.int64)
+    base = t * width + h * head_dim
+    d = tl.arange(0, BLOCK)
+    keep = d < head_dim
+    v = tl.load(x + base + d, mask=keep)
+    tl.store(out + base + d, v, mask=keep & (d >= 2 * half))  # dims past n_rot pass through
+    i = tl.arange(0, BLOCK)
+    m = i < half
+    if NEOX:
+        i0, i1 = i, i + half
+    else:
+        i0, i1 = 2 * i, 2 * i + 1
+    x0 = tl.load(x + base + i0, mask=m)
+    x1 = tl.load(x + base + i1, mask=m)
+    c = tl.load(cos + p * half + i, mask=m)
+    s = tl.load(sin + p * half + i, mask=m)
+    tl.store(out + base + i0, x0 * c - x1 * s, mask=m)
+    tl.store(out + base + i1, x0 * s + x1 * c, mask=m)
+
+
+@triton.jit
+def kv_write_f32(cache, rows, positions, width, BLOCK: tl.constexpr):
+    """cache[positions[t], :] = rows[t, :], one program per (token, BLOCK columns)."""
+    t = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = c < width
+    p = tl.load(positions + t).to(tl.int64)
+    tl.store(cache + p * width + c, tl.load(rows + t * width + c, mask=m), mask=m)
+
+
+@triton.jit
+def argmax_f32(out, x, width, NBLK: tl.constexpr, BLOCK: tl.constexpr):
+    """Per row the first index of the maximum, a NaN above every number (the first NaN wins):
+    one program a row, its NBLK blocks in order (a compile-time count: the interpreter of
+    Triton 3.6 cannot loop to a run-time bound under numpy 2.4)."""
+    row = tl.program_id(0).to(tl.int64)
+    best = -float("inf")
+    best_i = 0
+    found_nan = 0
+    for j in range(NBLK):
+        i = j * BLOCK + tl.arange(0, BLOCK)
+        m = i < width
+        v = tl.load(x + row * width + i, mask=m, other=-float("inf"))
+        nan = (v != v) & m
+        first_nan = tl.min(tl.where(nan, i, width), 0)
+        top = tl.max(tl.where(nan, -float("inf"), v), 0)
+        first_top = tl.min(tl.where((v == top) & m, i, width), 0)
+        take_nan = (found_nan == 0) & (first_nan < width)
+        take_top = (found_nan == 0) & (first_nan == width) & (top > best)
+        best_i = tl.where(take_nan, first_nan, tl.where(take_top, first_top, best_i))
+        best = tl.where(take_top, top, best)
+        found_nan = tl.where(take_nan, 1, found_nan)
+    tl.store(out + row, best_i.to(tl.int32))
+
+
+@triton.jit
+def quantize_q8(q, d, s, x, k, nb, BLOCKS: tl.constexpr):
+    """Q8A quantization of ``BLOCKS`` 32-element blocks of one row per program (docs/numerics.md,
+    "Activation quantization"): d = fl(amax / 127), q = round-half-away(fl(x / d)) clamped to
+    [-127, 127] (0 where d is 0 or the quotient NaN), s = fl(d * sum(q))."""
+    row = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
+    e = tl.arange(0, 32)
+    inside = b < nb
+    idx = row * k + b[:, None] * 32 + e[None, :]
+    m = inside[:, None]
+    v = tl.load(x + idx, mask=m, other=0.0)
+    has_nan = tl.max((v != v).to(tl.int32), 1) > 0
+    amax = tl.where(has_nan, float("nan"), tl.max(tl.abs(v), 1))
+    dq = tl.math.div_rn(amax, 127.0)
+    quot = tl.math.div_rn(v, dq[:, None])
+    ok = (dq[:, None] != 0.0) & (quot == quot)
+    a = tl.where(ok, tl.abs(quot), 0.0)
+    a = tl.minimum(a, 255.0)  # (|quot| <= 190.5 when d is finite and not 0; keeps the cast safe)
+    whole = a.to(tl.int32)  # truncation: exact
+    r = whole + ((a - whole.to(tl.float32)) >= 0.5).to(tl.int32)  # a - whole is exact
+    r = tl.minimum(r, 127)
+    qi = tl.where(quot < 0.0, -r, r)
+    tl.store(q + idx, qi.to(tl.int8), mask=m)
+    total = tl.sum(qi, 1)  # exact: at most 32 * 127
+    tl.store(d + row * nb + b, dq, mask=inside)
+    tl.store(s + row * nb + b, dq * total.to(tl.float32), mask=inside)
