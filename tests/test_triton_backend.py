@@ -90,12 +90,16 @@ KERNELS = [  # (module, kernel, signature, constexprs)
      {"NBLK": 13, "BLOCK": 4096}),
     ("rows", "quantize_q8", {"q": "*i8", "d": "*fp32", "s": "*fp32", "x": "*fp32", "k": "i32",
                              "nb": "i32"}, {"BLOCKS": 32}),
+    *(("dequant", "get_rows", {"out": "*fp32", "w": w, "ids": "*i32", "k": "i32",
+                               "row_bytes": "i32"}, {"TYPE": code, "BLOCK": 1024})
+      for w, code in (("*u8", 2), ("*u8", 3), ("*u8", 6), ("*u8", 8), ("*u8", 12), ("*u8", 14),
+                      ("*fp16", 1), ("*i16", 30))),
 ]  # fmt: skip
 
 
 @needs_triton
 @pytest.mark.parametrize(("module", "name", "signature", "constants"), KERNELS,
-                         ids=[k[1] for k in KERNELS])  # fmt: skip
+                         ids=[f"{k[1]}-{k[3].get('TYPE', '')}" for k in KERNELS])  # fmt: skip
 def test_kernels_compile_for_sm90_without_contraction_or_flushing(module, name, signature,
                                                                    constants):  # fmt: skip
     """Triton compiles for a GPU target without a GPU: the PTX has no fused multiply-add, no

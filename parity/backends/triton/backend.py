@@ -31,7 +31,7 @@ from parity.core.backend import (
     Device,
     Split,
 )
-from parity.core.dtypes import DType
+from parity.core.dtypes import WEIGHT_TYPES, DType
 from parity.core.fusion import PASSES, fuse
 from parity.core.ir import Graph, Node, Op
 from parity.core.scheduler import accepts
@@ -39,11 +39,12 @@ from parity.errors import BackendError, ConfigError
 
 OPS = frozenset(
     {Op.ADD, Op.MUL, Op.SILU, Op.SWIGLU, Op.GELU, Op.GEGLU, Op.SCALE, Op.SLICE_ROWS, Op.RESHAPE,
-     Op.RMS_NORM, Op.RMS_NORM_MUL, Op.ROPE, Op.KV_WRITE, Op.ARGMAX, Op.QUANTIZE}
+     Op.RMS_NORM, Op.RMS_NORM_MUL, Op.ROPE, Op.KV_WRITE, Op.ARGMAX, Op.QUANTIZE, Op.GET_ROWS}
 )  # fmt: skip
-INT_SOURCES = {Op.ROPE: (1,), Op.KV_WRITE: (2,)}  # positions; every other source is F32
+INT_SOURCES = {Op.ROPE: (1,), Op.KV_WRITE: (2,), Op.GET_ROWS: (1,)}  # positions, ids
+TABLE_TYPES = WEIGHT_TYPES  # GET_ROWS reads every weight type (kernels/dequant.py)
 SILU, GELU = 0, 1  # the kernels' OP constants
-KERNELS_SO_FAR = "elementwise, norms, rope, kv writes, argmax, quantize"
+KERNELS_SO_FAR = "elementwise, norms, rope, kv writes, argmax, quantize, get_rows"
 ARGMAX_BLOCK = 4096
 
 
@@ -86,12 +87,13 @@ class TritonBackend(GpuBackend):
             self.rt = GpuRuntime(device.index, pinned=pinned)
         import triton
 
-        from parity.backends.triton.kernels import elementwise, norm, rows
+        from parity.backends.triton.kernels import dequant, elementwise, norm, rows
 
         self.triton = triton
         self.k = elementwise
         self.norm = norm
         self.rows = rows
+        self.dequant = dequant
         self.init_memory()
 
     # -- discovery -------------------------------------------------------------------------
@@ -133,6 +135,8 @@ class TritonBackend(GpuBackend):
         if node.op not in OPS:
             return False
         ints = INT_SOURCES.get(node.op, ())
+        if node.op is Op.GET_ROWS:
+            return srcs[0].dtype in TABLE_TYPES and srcs[1].dtype is DType.I32
         return all(s.dtype is (DType.I32 if k in ints else DType.F32) for k, s in enumerate(srcs))
 
     def rewrite(self, graph: Graph) -> Graph:
@@ -154,11 +158,14 @@ class TritonBackend(GpuBackend):
                 values[i] = values[node.src[0]]  # the cache, written in place
             else:
                 values[i] = self.alloc(node.dtype, node.shape)
-        for i in split.inputs:  # F32 weights (bias rows, norm weights) read as float32
+        torch = self.rt.torch
+        views = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.int16}
+        for i in split.inputs:  # weights: float types in their own type, the others as bytes
             node = graph.nodes[i]
             if node.op is Op.WEIGHT:
                 raw = self._weights[node.arg]
-                values[i] = raw.view(self.rt.torch.float32).reshape(node.shape)
+                values[i] = raw.view(views[node.dtype]) if node.dtype in views else raw
+        self.graph_nodes = graph.nodes
         launches = [self._lower(graph.nodes[i], values[i], values) for i in split.nodes]
         if not self.interpreted:
             for fn in launches:  # compile now (Triton's cache keeps it), not in a capture
@@ -214,6 +221,13 @@ class TritonBackend(GpuBackend):
             return self._kernel(self.rows.argmax_f32, 0, out, src[0], width, grid=(rows,),
                                 NBLK=self.triton.cdiv(width, ARGMAX_BLOCK), BLOCK=ARGMAX_BLOCK,
                                 block=False)  # fmt: skip
+        if node.op is Op.GET_ROWS:
+            table = self.graph_nodes[node.src[0]]
+            t, k = node.shape
+            grid = (t, self.triton.cdiv(k, self.k.BLOCK))
+            return self._kernel(self.dequant.get_rows, 0, out, src[0], src[1], k,
+                                table.dtype.nbytes(k), grid=grid,
+                                TYPE=table.dtype.value)  # fmt: skip
         if node.op is Op.QUANTIZE:
             t, k = node.shape
             nb = k // 32

@@ -1,0 +1,113 @@
+"""Weight dequantization as docs/numerics.md ("Weights: storage and dequantization") writes it:
+``w[j] = fl(a * qw[j])`` (Q4_0, Q5_0, Q8_0, Q6_K), ``fl(fl(a * qw[j]) + m)`` (Q4_1),
+``fl(fl(a * qw[j]) - m)`` (Q4_K), with each type's scales, mins and quants read from the GGUF
+bytes; float types widened exactly. Element-wise: ``dequant`` gives the values of elements
+``e`` of row ``row`` from the row's bytes, so any kernel can read any weight as float32.
+
+The type codes are ``parity.core.dtypes.DType`` values.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+F32 = tl.constexpr(0)
+F16 = tl.constexpr(1)
+Q4_0 = tl.constexpr(2)
+Q4_1 = tl.constexpr(3)
+Q5_0 = tl.constexpr(6)
+Q8_0 = tl.constexpr(8)
+Q4_K = tl.constexpr(12)
+Q6_K = tl.constexpr(14)
+BF16 = tl.constexpr(30)
+
+
+@triton.jit
+def _u8(w, p):
+    return tl.load(w + p).to(tl.int32)
+
+
+@triton.jit
+def _f16(w, p):
+    """The binary16 at byte p (little-endian), exactly as binary32."""
+    bits = _u8(w, p) | (_u8(w, p + 1) << 8)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def dequant(w, row_bytes, row, e, TYPE: tl.constexpr):
+    """Elements ``e`` (a block of int32 indices inside the row) of row ``row`` as float32; for
+    the float types ``w`` points at the row data in its own type, else at bytes."""
+    if TYPE == F32:
+        return tl.load(w + row * (row_bytes // 4) + e)
+    elif TYPE == F16:
+        return tl.load(w + row * (row_bytes // 2) + e).to(tl.float32)
+    elif TYPE == BF16:
+        bits = tl.load(w + row * (row_bytes // 2) + e).to(tl.int32) & 0xFFFF
+        return (bits << 16).to(tl.float32, bitcast=True)
+    elif TYPE == Q4_0:
+        base = row * row_bytes + (e // 32) * 18
+        j = e % 32
+        byte = _u8(w, base + 2 + j % 16)
+        nib = tl.where(j < 16, byte & 0xF, byte >> 4)
+        return _f16(w, base) * (nib - 8).to(tl.float32)
+    elif TYPE == Q4_1:
+        base = row * row_bytes + (e // 32) * 20
+        j = e % 32
+        byte = _u8(w, base + 4 + j % 16)
+        nib = tl.where(j < 16, byte & 0xF, byte >> 4)
+        return _f16(w, base) * nib.to(tl.float32) + _f16(w, base + 2)
+    elif TYPE == Q5_0:
+        base = row * row_bytes + (e // 32) * 22
+        j = e % 32
+        qh = (_u8(w, base + 2) | (_u8(w, base + 3) << 8) | (_u8(w, base + 4) << 16)
+              | (_u8(w, base + 5) << 24))  # fmt: skip
+        byte = _u8(w, base + 6 + j % 16)
+        nib = tl.where(j < 16, byte & 0xF, byte >> 4)
+        qw = (nib | (((qh >> j) & 1) << 4)) - 16
+        return _f16(w, base) * qw.to(tl.float32)
+    elif TYPE == Q8_0:
+        base = row * row_bytes + (e // 32) * 34
+        q = tl.load(w + base + 2 + e % 32).to(tl.int8, bitcast=True)
+        return _f16(w, base) * q.to(tl.float32)
+    else:
+        start = row * row_bytes
+        if TYPE == Q4_K:
+            base = start + (e // 256) * 144
+            s = (e % 256) // 32
+            i = e % 32
+            sc_s = _u8(w, base + 4 + s)
+            sc_s4 = _u8(w, base + 4 + s + 4)
+            sc_m4 = _u8(w, base + 4 + tl.maximum(s - 4, 0))
+            low = s < 4
+            scale = tl.where(low, sc_s & 63, (sc_s4 & 0xF) | ((sc_m4 >> 6) << 4))
+            mn = tl.where(low, sc_s4 & 63, (sc_s4 >> 4) | ((sc_s >> 6) << 4))
+            a = _f16(w, base) * scale.to(tl.float32)
+            m = _f16(w, base + 2) * mn.to(tl.float32)
+            byte = _u8(w, base + 16 + 32 * (s // 2) + i)
+            nib = tl.where(s % 2 == 0, byte & 0xF, byte >> 4)
+            return a * nib.to(tl.float32) - m
+        else:  # Q6_K
+            base = start + (e // 256) * 210
+            r = e % 256
+            h = r // 128
+            c = (r % 128) // 32
+            i = r % 32
+            lo = (_u8(w, base + 64 * h + 32 * (c % 2) + i) >> (4 * (c // 2))) & 0xF
+            hi = (_u8(w, base + 128 + 32 * h + i) >> (2 * c)) & 3
+            qw = (lo | (hi << 4)) - 32
+            sc = tl.load(w + base + 192 + r // 16).to(tl.int8, bitcast=True)
+            a = _f16(w, base + 208) * sc.to(tl.float32)
+            return a * qw.to(tl.float32)
+
+
+@triton.jit
+def get_rows(out, w, ids, k, row_bytes, TYPE: tl.constexpr, BLOCK: tl.constexpr):
+    """out[t, :] = dequantize(w)[ids[t], :]; one program per (token, BLOCK elements)."""
+    t = tl.program_id(0).to(tl.int64)
+    e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = e < k
+    row = tl.load(ids + t).to(tl.int64)
+    e = tl.where(m, e, 0)  # (padding lanes read element 0, and store nothing)
+    tl.store(out + t * k + e, dequant(w, row_bytes, row, e, TYPE), mask=m)
