@@ -3,12 +3,12 @@ PyTorch memory, one stream, pinned readback, CUDA graphs), bit for bit the cpu o
 ``exact`` numerics; or, with ``TRITON_INTERPRET=1``, the same kernels in Triton's interpreter
 on host memory (``HostRuntime``), so a machine without a GPU checks them.
 
-This is the backend's first part: the elementwise ops (ADD, MUL, SILU, SWIGLU, GELU, GEGLU,
-SCALE), the norms (RMS_NORM, RMS_NORM_MUL) and the copies (SLICE_ROWS, RESHAPE). It does not
-claim the others yet; the scheduler
-gives them to cpu, by name. ``auto`` prefers cuda on a GPU (score 90 against cuda's 100: cuda
-runs every op exactly and, until a benchmark says otherwise, faster); the interpreter's device
-scores -1, below the cpu oracle, so it is only used when asked for.
+Every op of the IR has an ``exact`` kernel (kernels/*.py), written for exactness first: one
+program per block of output rows or per (token, head), TREEs as reshape-and-split levels;
+``fast`` kernels and the speed work are still to come. ``auto`` prefers cuda on a GPU (score 90
+against cuda's 100: cuda is exact on every op too and, until a benchmark says otherwise,
+faster); the interpreter's device scores -1, below the cpu oracle, so it is only used when
+asked for.
 
 Kernels are compiled when a split is prepared (Triton's own cache keeps them across runs),
 never inside a capture.
@@ -33,18 +33,23 @@ from parity.core.backend import (
 )
 from parity.core.dtypes import WEIGHT_TYPES, DType
 from parity.core.fusion import PASSES, fuse
-from parity.core.ir import Graph, Node, Op
+from parity.core.ir import MATRICES, Graph, Node, Op
 from parity.core.scheduler import accepts
 from parity.errors import BackendError, ConfigError
 
 OPS = frozenset(
     {Op.ADD, Op.MUL, Op.SILU, Op.SWIGLU, Op.GELU, Op.GEGLU, Op.SCALE, Op.SLICE_ROWS, Op.RESHAPE,
-     Op.RMS_NORM, Op.RMS_NORM_MUL, Op.ROPE, Op.KV_WRITE, Op.ARGMAX, Op.QUANTIZE, Op.GET_ROWS}
+     Op.RMS_NORM, Op.RMS_NORM_MUL, Op.ROPE, Op.KV_WRITE, Op.ARGMAX, Op.QUANTIZE, Op.GET_ROWS,
+     Op.MATMUL, Op.MATMUL_ADD, Op.MATMUL_SWIGLU, Op.ATTENTION}
 )  # fmt: skip
-INT_SOURCES = {Op.ROPE: (1,), Op.KV_WRITE: (2,), Op.GET_ROWS: (1,)}  # positions, ids
+PRODUCTS = (Op.MATMUL, Op.MATMUL_ADD, Op.MATMUL_SWIGLU)
+# outputs of one token a product's program computes: few on a GPU (each holds K quants), many
+# in the interpreter (whose cost is per operation, not per element); the bits do not depend on it
+PRODUCT_ROWS = {False: 4, True: 64}
+INT_SOURCES = {Op.ROPE: (1,), Op.KV_WRITE: (2,), Op.GET_ROWS: (1,), Op.ATTENTION: (3,)}
 TABLE_TYPES = WEIGHT_TYPES  # GET_ROWS reads every weight type (kernels/dequant.py)
 SILU, GELU = 0, 1  # the kernels' OP constants
-KERNELS_SO_FAR = "elementwise, norms, rope, kv writes, argmax, quantize, get_rows"
+KERNELS_SO_FAR = "every op"
 ARGMAX_BLOCK = 4096
 
 
@@ -87,13 +92,22 @@ class TritonBackend(GpuBackend):
             self.rt = GpuRuntime(device.index, pinned=pinned)
         import triton
 
-        from parity.backends.triton.kernels import dequant, elementwise, norm, rows
+        from parity.backends.triton.kernels import (
+            attention,
+            dequant,
+            elementwise,
+            matmul,
+            norm,
+            rows,
+        )
 
         self.triton = triton
         self.k = elementwise
         self.norm = norm
         self.rows = rows
         self.dequant = dequant
+        self.matmul = matmul
+        self.attention = attention
         self.init_memory()
 
     # -- discovery -------------------------------------------------------------------------
@@ -137,7 +151,25 @@ class TritonBackend(GpuBackend):
         ints = INT_SOURCES.get(node.op, ())
         if node.op is Op.GET_ROWS:
             return srcs[0].dtype in TABLE_TYPES and srcs[1].dtype is DType.I32
+        if node.op in PRODUCTS:
+            return self._supports_product(node, srcs)
+        if node.op is Op.ATTENTION and node.arg.head_dim & (node.arg.head_dim - 1):
+            return False  # (its TREE over head_dim is a power-of-two block)
         return all(s.dtype is (DType.I32 if k in ints else DType.F32) for k, s in enumerate(srcs))
+
+    @staticmethod
+    def _supports_product(node: Node, srcs: Sequence[Node]) -> bool:
+        x, *rest = srcs
+        weights = [rest[k - 1] for k in MATRICES[node.op]]
+        others = [s for k, s in enumerate(rest, 1) if k not in MATRICES[node.op]]
+        if any(w.dtype not in WEIGHT_TYPES or len(w.shape) != 2 for w in weights):
+            return False
+        if x.dtype is DType.Q8A:
+            ok_x = all(w.dtype.is_quantized for w in weights)
+        else:
+            ok_x = x.dtype is DType.F32 and (x.shape[1] % 32 == 0 or not any(
+                w.dtype.is_quantized for w in weights))  # fmt: skip
+        return ok_x and all(s.dtype is DType.F32 for s in others)
 
     def rewrite(self, graph: Graph) -> Graph:
         return fuse(graph, accept=lambda n, s: accepts(self, n, s), passes=PASSES, share_min=1)
@@ -221,6 +253,15 @@ class TritonBackend(GpuBackend):
             return self._kernel(self.rows.argmax_f32, 0, out, src[0], width, grid=(rows,),
                                 NBLK=self.triton.cdiv(width, ARGMAX_BLOCK), BLOCK=ARGMAX_BLOCK,
                                 block=False)  # fmt: skip
+        if node.op in PRODUCTS:
+            return self._products(node, out, src)
+        if node.op is Op.ATTENTION:
+            arg = node.arg
+            d = arg.head_dim
+            return self._kernel(self.attention.attention_f32, 0, out, *src, arg.n_head,
+                                arg.n_head // arg.n_head_kv, arg.n_head_kv * d, arg.window,
+                                arg.scale, grid=(node.shape[0], arg.n_head), D=d,
+                                LOGD=d.bit_length() - 1, block=False)  # fmt: skip
         if node.op is Op.GET_ROWS:
             table = self.graph_nodes[node.src[0]]
             t, k = node.shape
@@ -235,6 +276,68 @@ class TritonBackend(GpuBackend):
                                 grid=(t, self.triton.cdiv(nb, 32)), BLOCKS=32,
                                 block=False)  # fmt: skip
         raise BackendError(f"triton cannot lower {node.op.name}")  # (supports_op said no)
+
+    def _products(self, node: Node, out: Any, src: list[Any]):
+        """MATMUL, MATMUL_ADD (bias and residual in the epilogue) and MATMUL_SWIGLU (two
+        products into scratch, then SWIGLU); an F32 x of a quantized product is quantized into
+        scratch first."""
+        nodes = self.graph_nodes
+        x_node = nodes[node.src[0]]
+        t, k = x_node.shape
+        steps = []
+        xq = src[0] if x_node.dtype is DType.Q8A else None
+
+        def quantized_x():
+            nonlocal xq
+            if xq is None:
+                xq = self.alloc(DType.Q8A, (t, k))
+                steps.append(self._kernel(self.rows.quantize_q8, 0, xq.q, xq.d, xq.s, src[0],
+                                          k, k // 32, grid=(t, self.triton.cdiv(k // 32, 32)),
+                                          BLOCKS=32, block=False))  # fmt: skip
+            return xq
+
+        def product(y, wi, bias=None, res=None):
+            w_node = nodes[node.src[wi]]
+            n_out = w_node.shape[0]
+            bn = PRODUCT_ROWS[self.interpreted]
+            grid = (t, self.triton.cdiv(n_out, bn))
+            extra = dict(HAS_BIAS=bias is not None, HAS_RES=res is not None, BN=bn)
+            bias = y if bias is None else bias
+            res = y if res is None else res
+            dtype = w_node.dtype
+            if dtype.is_quantized:
+                q = quantized_x()
+                sub = 16 if dtype is DType.Q6_K else 32
+                p = 1 << max(0, k // sub - 1).bit_length()
+                steps.append(self._kernel(self.matmul.matmul_q, 0, y, q.q, q.d, q.s,
+                                          src[wi], bias, res, k, n_out, dtype.nbytes(k),
+                                          grid=grid, TYPE=dtype.value, L=sub, P=p,
+                                          LOG=p.bit_length() - 1, block=False,
+                                          **extra))  # fmt: skip
+            else:
+                p = 1 << max(0, k - 1).bit_length()
+                steps.append(self._kernel(self.matmul.matmul_f, 0, y, src[0], src[wi], bias,
+                                          res, k, n_out, dtype.nbytes(k), grid=grid,
+                                          TYPE=dtype.value, P=p, LOG=p.bit_length() - 1,
+                                          block=False, **extra))  # fmt: skip
+
+        if node.op is Op.MATMUL_SWIGLU:
+            gate, up = (self.alloc(DType.F32, node.shape) for _ in range(2))
+            product(gate, 1)
+            product(up, 2)
+            n = int(np.prod(node.shape))
+            steps.append(self._kernel(self.k.glu_f32, n, out, gate, up, n, OP=SILU))
+        else:
+            has_bias = len(node.src) == (3 if node.op is Op.MATMUL else 4)
+            bias = src[2] if has_bias else None
+            res = src[-1] if node.op is Op.MATMUL_ADD else None
+            product(out, 1, bias, res)
+
+        def run(warmup: bool = False) -> None:
+            for step in steps:
+                step(warmup)
+
+        return run
 
     def _kernel(self, kernel, n: int, *args, grid=None, block: bool = True, **constants):
         """A launch over ``n`` elements in programs of BLOCK (or over ``grid``, without BLOCK)."""

@@ -36,28 +36,18 @@ def _f16(w, p):
 
 
 @triton.jit
-def dequant(w, row_bytes, row, e, TYPE: tl.constexpr):
-    """Elements ``e`` (a block of int32 indices inside the row) of row ``row`` as float32; for
-    the float types ``w`` points at the row data in its own type, else at bytes."""
-    if TYPE == F32:
-        return tl.load(w + row * (row_bytes // 4) + e)
-    elif TYPE == F16:
-        return tl.load(w + row * (row_bytes // 2) + e).to(tl.float32)
-    elif TYPE == BF16:
-        bits = tl.load(w + row * (row_bytes // 2) + e).to(tl.int32) & 0xFFFF
-        return (bits << 16).to(tl.float32, bitcast=True)
-    elif TYPE == Q4_0:
+def quants(w, row_bytes, row, e, TYPE: tl.constexpr):
+    """The integer quants ``qw`` (int32) of elements ``e`` of row ``row`` of a quantized type."""
+    if TYPE == Q4_0:
         base = row * row_bytes + (e // 32) * 18
         j = e % 32
         byte = _u8(w, base + 2 + j % 16)
-        nib = tl.where(j < 16, byte & 0xF, byte >> 4)
-        return _f16(w, base) * (nib - 8).to(tl.float32)
+        return tl.where(j < 16, byte & 0xF, byte >> 4) - 8
     elif TYPE == Q4_1:
         base = row * row_bytes + (e // 32) * 20
         j = e % 32
         byte = _u8(w, base + 4 + j % 16)
-        nib = tl.where(j < 16, byte & 0xF, byte >> 4)
-        return _f16(w, base) * nib.to(tl.float32) + _f16(w, base + 2)
+        return tl.where(j < 16, byte & 0xF, byte >> 4)
     elif TYPE == Q5_0:
         base = row * row_bytes + (e // 32) * 22
         j = e % 32
@@ -65,41 +55,78 @@ def dequant(w, row_bytes, row, e, TYPE: tl.constexpr):
               | (_u8(w, base + 5) << 24))  # fmt: skip
         byte = _u8(w, base + 6 + j % 16)
         nib = tl.where(j < 16, byte & 0xF, byte >> 4)
-        qw = (nib | (((qh >> j) & 1) << 4)) - 16
-        return _f16(w, base) * qw.to(tl.float32)
+        return (nib | (((qh >> j) & 1) << 4)) - 16
     elif TYPE == Q8_0:
         base = row * row_bytes + (e // 32) * 34
-        q = tl.load(w + base + 2 + e % 32).to(tl.int8, bitcast=True)
-        return _f16(w, base) * q.to(tl.float32)
+        return tl.load(w + base + 2 + e % 32).to(tl.int8, bitcast=True).to(tl.int32)
+    elif TYPE == Q4_K:
+        base = row * row_bytes + (e // 256) * 144
+        s = (e % 256) // 32
+        byte = _u8(w, base + 16 + 32 * (s // 2) + e % 32)
+        return tl.where(s % 2 == 0, byte & 0xF, byte >> 4)
+    else:  # Q6_K
+        base = row * row_bytes + (e // 256) * 210
+        r = e % 256
+        h = r // 128
+        c = (r % 128) // 32
+        i = r % 32
+        lo = (_u8(w, base + 64 * h + 32 * (c % 2) + i) >> (4 * (c // 2))) & 0xF
+        hi = (_u8(w, base + 128 + 32 * h + i) >> (2 * c)) & 3
+        return (lo | (hi << 4)) - 32
+
+
+@triton.jit
+def scales(w, row_bytes, row, s, TYPE: tl.constexpr):
+    """The binary32 scale ``a`` and min ``m`` of sub-blocks ``s`` of row ``row`` (m is 0 for
+    the types without one)."""
+    if TYPE == Q4_0:
+        a = _f16(w, row * row_bytes + s * 18)
+        return a, a * 0.0
+    elif TYPE == Q4_1:
+        base = row * row_bytes + s * 20
+        return _f16(w, base), _f16(w, base + 2)
+    elif TYPE == Q5_0:
+        a = _f16(w, row * row_bytes + s * 22)
+        return a, a * 0.0
+    elif TYPE == Q8_0:
+        a = _f16(w, row * row_bytes + s * 34)
+        return a, a * 0.0
+    elif TYPE == Q4_K:
+        base = row * row_bytes + (s // 8) * 144
+        b = s % 8
+        sc_b = _u8(w, base + 4 + b)
+        sc_b4 = _u8(w, base + 4 + b + 4)
+        sc_m4 = _u8(w, base + 4 + tl.maximum(b - 4, 0))
+        low = b < 4
+        scale = tl.where(low, sc_b & 63, (sc_b4 & 0xF) | ((sc_m4 >> 6) << 4))
+        mn = tl.where(low, sc_b4 & 63, (sc_b4 >> 4) | ((sc_b >> 6) << 4))
+        return _f16(w, base) * scale.to(tl.float32), _f16(w, base + 2) * mn.to(tl.float32)
+    else:  # Q6_K
+        base = row * row_bytes + (s // 16) * 210
+        sc = tl.load(w + base + 192 + s % 16).to(tl.int8, bitcast=True)
+        a = _f16(w, base + 208) * sc.to(tl.float32)
+        return a, a * 0.0
+
+
+@triton.jit
+def dequant(w, row_bytes, row, e, TYPE: tl.constexpr):
+    """Elements ``e`` (int32 indices inside the row) of row ``row`` as float32; for the float
+    types ``w`` points at the row data in its own type, else at bytes."""
+    if TYPE == F32:
+        return tl.load(w + row * (row_bytes // 4) + e)
+    elif TYPE == F16:
+        return tl.load(w + row * (row_bytes // 2) + e).to(tl.float32)
+    elif TYPE == BF16:
+        bits = tl.load(w + row * (row_bytes // 2) + e).to(tl.int32) & 0xFFFF
+        return (bits << 16).to(tl.float32, bitcast=True)
     else:
-        start = row * row_bytes
-        if TYPE == Q4_K:
-            base = start + (e // 256) * 144
-            s = (e % 256) // 32
-            i = e % 32
-            sc_s = _u8(w, base + 4 + s)
-            sc_s4 = _u8(w, base + 4 + s + 4)
-            sc_m4 = _u8(w, base + 4 + tl.maximum(s - 4, 0))
-            low = s < 4
-            scale = tl.where(low, sc_s & 63, (sc_s4 & 0xF) | ((sc_m4 >> 6) << 4))
-            mn = tl.where(low, sc_s4 & 63, (sc_s4 >> 4) | ((sc_s >> 6) << 4))
-            a = _f16(w, base) * scale.to(tl.float32)
-            m = _f16(w, base + 2) * mn.to(tl.float32)
-            byte = _u8(w, base + 16 + 32 * (s // 2) + i)
-            nib = tl.where(s % 2 == 0, byte & 0xF, byte >> 4)
-            return a * nib.to(tl.float32) - m
-        else:  # Q6_K
-            base = start + (e // 256) * 210
-            r = e % 256
-            h = r // 128
-            c = (r % 128) // 32
-            i = r % 32
-            lo = (_u8(w, base + 64 * h + 32 * (c % 2) + i) >> (4 * (c // 2))) & 0xF
-            hi = (_u8(w, base + 128 + 32 * h + i) >> (2 * c)) & 3
-            qw = (lo | (hi << 4)) - 32
-            sc = tl.load(w + base + 192 + r // 16).to(tl.int8, bitcast=True)
-            a = _f16(w, base + 208) * sc.to(tl.float32)
-            return a * qw.to(tl.float32)
+        a, m = scales(w, row_bytes, row, e // (16 if TYPE == Q6_K else 32), TYPE)
+        y = a * quants(w, row_bytes, row, e, TYPE).to(tl.float32)
+        if TYPE == Q4_1:
+            y = y + m
+        elif TYPE == Q4_K:
+            y = y - m
+        return y
 
 
 @triton.jit
