@@ -1,9 +1,10 @@
-"""A backend (cuda by default) against the cpu oracle on one model file: every node of every
-step bit for bit (``compare_steps``) after prompts of 1, 7, 300 and 600 tokens with 64
-decode steps each, then 256 greedy tokens generated on each backend. Prompts are seeded random
-ids (twins have random weights; any ids do). One line per check.
+"""A backend (cuda by default) against the cpu oracle (or another backend) on one model file:
+every node of every step bit for bit (``compare_steps``) after prompts of 1, 7, 300 and 600
+tokens with 64 decode steps each, then 256 greedy tokens generated on each backend. Prompts are
+seeded random ids (twins have random weights; any ids do). One line per check.
 
     python benchmarks/gpu_compare.py MODEL.gguf [--prompts 1,7,300,600] [--steps 64]
+        [--candidate cuda] [--reference cpu]
 """
 
 from __future__ import annotations
@@ -28,16 +29,21 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--greedy", type=int, default=256)
     ap.add_argument("--candidate", default="cuda")
+    ap.add_argument("--reference", default="cpu")
     args = ap.parse_args()
     file = parity.load(args.model, backends=())
     name = file.name
     failed = 0
+    if args.reference == "cpu":
+        reference = lambda: CpuBackend(Device("cpu"))  # noqa: E731 (the numba oracle)
+    else:
+        reference = backend_factory(load_backends(), args.reference, reference=True)
     for n in (int(p) for p in args.prompts.split(",")):
         prompt = [int(t) for t in np.random.default_rng(n).integers(0, file.spec.n_vocab, n)]
         t0 = time.perf_counter()
         report = compare_steps(
             name, file.spec, file.file.weights, prompt, args.steps,
-            lambda: CpuBackend(Device("cpu")), backend_factory(load_backends(), args.candidate),
+            reference, backend_factory(load_backends(), args.candidate),
         )  # fmt: skip
         ok = report.violation is None and report.first_divergent is None
         failed += not ok
@@ -45,14 +51,14 @@ def main() -> None:
               + " | ".join(report.summary().splitlines()))  # fmt: skip
     prompt = [int(t) for t in np.random.default_rng(0).integers(0, file.spec.n_vocab, 7)]
     tokens = {}
-    for backend in ("cpu", args.candidate):
+    for backend in (args.reference, args.candidate):
         model = parity.load(args.model, backend=backend, n_ctx=512)
         gen = model.generate(prompt, max_tokens=args.greedy, temperature=0.0, ignore_eos=True)
         tokens[backend] = gen.complete().tokens
-    same = tokens["cpu"] == tokens[args.candidate]
+    same = tokens[args.reference] == tokens[args.candidate]
     failed += not same
     verdict = "identical" if same else "DIFFER"
-    print(f"greedy {args.greedy} tokens: cpu and {args.candidate} {verdict} "
+    print(f"greedy {args.greedy} tokens: {args.reference} and {args.candidate} {verdict} "
           f"({len(tokens[args.candidate])} generated)")  # fmt: skip
     raise SystemExit(1 if failed else 0)
 

@@ -46,11 +46,16 @@ PRODUCTS = (Op.MATMUL, Op.MATMUL_ADD, Op.MATMUL_SWIGLU)
 # outputs of one token a product's program computes: few on a GPU (each holds K quants), many
 # in the interpreter (whose cost is per operation, not per element); the bits do not depend on it
 PRODUCT_ROWS = {False: 4, True: 64}
+# elements of K a product's program takes at a time (the interpreter: all of them at once)
+PRODUCT_GROUP = {False: 256, True: 1 << 20}
 INT_SOURCES = {Op.ROPE: (1,), Op.KV_WRITE: (2,), Op.GET_ROWS: (1,), Op.ATTENTION: (3,)}
 TABLE_TYPES = WEIGHT_TYPES  # GET_ROWS reads every weight type (kernels/dequant.py)
 SILU, GELU = 0, 1  # the kernels' OP constants
 KERNELS_SO_FAR = "every op"
 ARGMAX_BLOCK = 4096
+# slots x head_dim an attention program holds at a time, and the most slots (interpreter: one
+# step per chunk)
+ATTENTION_TILE = {False: (4096, 128), True: (1 << 16, 256)}
 
 
 class TritonExecutable(GpuExecutable):
@@ -192,11 +197,12 @@ class TritonBackend(GpuBackend):
                 values[i] = self.alloc(node.dtype, node.shape)
         torch = self.rt.torch
         views = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.int16}
-        for i in split.inputs:  # weights: float types in their own type, the others as bytes
+        weights = {s for i in split.nodes for s in graph.nodes[i].src
+                   if graph.nodes[s].op is Op.WEIGHT}  # fmt: skip
+        for i in weights:  # float types in their own type, the others as bytes
             node = graph.nodes[i]
-            if node.op is Op.WEIGHT:
-                raw = self._weights[node.arg]
-                values[i] = raw.view(views[node.dtype]) if node.dtype in views else raw
+            raw = self._weights[node.arg]
+            values[i] = raw.view(views[node.dtype]) if node.dtype in views else raw
         self.graph_nodes = graph.nodes
         launches = [self._lower(graph.nodes[i], values[i], values) for i in split.nodes]
         if not self.interpreted:
@@ -256,12 +262,7 @@ class TritonBackend(GpuBackend):
         if node.op in PRODUCTS:
             return self._products(node, out, src)
         if node.op is Op.ATTENTION:
-            arg = node.arg
-            d = arg.head_dim
-            return self._kernel(self.attention.attention_f32, 0, out, *src, arg.n_head,
-                                arg.n_head // arg.n_head_kv, arg.n_head_kv * d, arg.window,
-                                arg.scale, grid=(node.shape[0], arg.n_head), D=d,
-                                LOGD=d.bit_length() - 1, block=False)  # fmt: skip
+            return self._attention(node, out, src)
         if node.op is Op.GET_ROWS:
             table = self.graph_nodes[node.src[0]]
             t, k = node.shape
@@ -309,17 +310,21 @@ class TritonBackend(GpuBackend):
                 q = quantized_x()
                 sub = 16 if dtype is DType.Q6_K else 32
                 p = 1 << max(0, k // sub - 1).bit_length()
+                g = min(p, PRODUCT_GROUP[self.interpreted] // sub)
                 steps.append(self._kernel(self.matmul.matmul_q, 0, y, q.q, q.d, q.s,
                                           src[wi], bias, res, k, n_out, dtype.nbytes(k),
                                           grid=grid, TYPE=dtype.value, L=sub, P=p,
-                                          LOG=p.bit_length() - 1, block=False,
+                                          LOG=p.bit_length() - 1, G=g,
+                                          LOGG=g.bit_length() - 1, block=False,
                                           **extra))  # fmt: skip
             else:
                 p = 1 << max(0, k - 1).bit_length()
+                g = min(p, PRODUCT_GROUP[self.interpreted])
                 steps.append(self._kernel(self.matmul.matmul_f, 0, y, src[0], src[wi], bias,
                                           res, k, n_out, dtype.nbytes(k), grid=grid,
-                                          TYPE=dtype.value, P=p, LOG=p.bit_length() - 1,
-                                          block=False, **extra))  # fmt: skip
+                                          TYPE=dtype.value, P=p, LOG=p.bit_length() - 1, G=g,
+                                          LOGG=g.bit_length() - 1, block=False,
+                                          **extra))  # fmt: skip
 
         if node.op is Op.MATMUL_SWIGLU:
             gate, up = (self.alloc(DType.F32, node.shape) for _ in range(2))
@@ -332,7 +337,37 @@ class TritonBackend(GpuBackend):
             bias = src[2] if has_bias else None
             res = src[-1] if node.op is Op.MATMUL_ADD else None
             product(out, 1, bias, res)
+        return self._sequence(steps)
 
+    def _attention(self, node: Node, out: Any, src: list[Any]):
+        """ATTENTION in three launches (kernels/attention.py) over scratch for each (token,
+        head, chunk): the chunk's max score, its D_c and N_c."""
+        arg = node.arg
+        t, d = node.shape[0], arg.head_dim
+        n_ctx = src[1].shape[0]
+        chunks = self.triton.cdiv(n_ctx, 256)
+        mx, dens = (self.alloc(DType.F32, (t, arg.n_head, chunks)) for _ in range(2))
+        nums = self.alloc(DType.F32, (t, arg.n_head, chunks, d))
+        q, k, v, positions = src
+        group, kv_width = arg.n_head // arg.n_head_kv, arg.n_head_kv * d
+        tile, most = ATTENTION_TILE[self.interpreted]
+        sub = max(16, min(most, tile // d))  # slots of a chunk taken at a time
+        shape = dict(D=d, LOGD=d.bit_length() - 1, SUB=sub, block=False)
+        grid = (t, arg.n_head, chunks)
+        steps = [
+            self._kernel(self.attention.chunk_max, 0, mx, q, k, positions, arg.n_head, group,
+                         kv_width, arg.window, arg.scale, chunks, grid=grid, **shape),
+            self._kernel(self.attention.chunk_sums, 0, dens, nums, mx, q, k, v, positions,
+                         arg.n_head, group, kv_width, arg.window, arg.scale, chunks, grid=grid,
+                         LOGSUB=sub.bit_length() - 1,
+                         NCP=1 << max(0, chunks - 1).bit_length(), **shape),
+            self._kernel(self.attention.fold, 0, out, dens, nums, positions, arg.n_head,
+                         arg.window, chunks, grid=(t, arg.n_head), D=d, block=False),
+        ]  # fmt: skip
+        return self._sequence(steps)
+
+    @staticmethod
+    def _sequence(steps):
         def run(warmup: bool = False) -> None:
             for step in steps:
                 step(warmup)
