@@ -108,3 +108,17 @@ class BoundedButWrongHead(HonestSloppyBackend):
 
     name = "wrong-head"
     kernels = MappingProxyType({**HonestSloppyBackend.kernels, Op.MATMUL: _matmul_wrong_head})
+
+
+class TwoModeBackend(CpuBackend):
+    """The oracle's kernels in exact numerics; under fast, swiglu via np.exp, declared in a
+    fast_manifest: a backend whose fast kernels differ from its exact ones."""
+
+    name = "two-mode"
+    numerics_modes = ("exact", "fast")
+    fast_manifest = MappingProxyType({"*": "exact", "SWIGLU": "ulp<=8"})
+
+    def __init__(self, *args, **kwargs) -> None:
+        if kwargs.get("numerics") == "fast":
+            self.kernels = MappingProxyType({**KERNELS, Op.SWIGLU: swiglu_via_np_exp})
+        super().__init__(*args, **kwargs)

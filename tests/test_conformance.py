@@ -13,6 +13,7 @@ from faulty_backends import (
     HonestSloppyBackend,
     PartialBackend,
     SloppyBackend,
+    TwoModeBackend,
     add_in_place,
     add_noisy,
     crash,
@@ -152,6 +153,36 @@ def test_bounded_ops_count_as_fast_numerics_for_the_scheduler():
     assert plan.backend_of(case.graph.outputs[0]) == "cpu"  # exact numerics: not on a bound
     fast = [HonestSloppyBackend(Device("cpu"), numerics="fast"), CpuBackend(Device("cpu"))]
     assert schedule(case.graph, fast).backend_of(case.graph.outputs[0]) == "honest-sloppy"
+
+
+def test_a_fast_manifest_holds_under_fast_numerics_only():
+    from parity.conformance.report import checked_modes
+    from parity.core.scheduler import schedule
+    from parity.core.tiers import manifest_of
+
+    assert backend_manifest(TwoModeBackend).all_exact
+    assert backend_manifest(TwoModeBackend, "fast").to_dict() == {"*": "exact", "SWIGLU": "ulp<=8"}
+    assert backend_manifest(HonestSloppyBackend, "fast") == backend_manifest(HonestSloppyBackend)
+    exact, fast = TwoModeBackend(Device("cpu")), TwoModeBackend(Device("cpu"), numerics="fast")
+    assert manifest_of(exact).all_exact and not manifest_of(fast).all_exact
+    assert checked_modes(TwoModeBackend) == ["exact", "fast"]
+    assert checked_modes(CpuBackend) == ["exact"]  # its fast numerics are its exact kernels
+    case = SUITE["swiglu-576"].build()
+    out = case.graph.outputs[0]
+    assert schedule(case.graph, [exact, CpuBackend(Device("cpu"))]).backend_of(out) == "two-mode"
+    plan = schedule(case.graph, [fast, CpuBackend(Device("cpu"))])
+    assert plan.backend_of(out) == "two-mode" and plan.placements[out].numerics == "fast"
+    assert judge(lambda: TwoModeBackend(Device("cpu")), case).verdict == "exact"
+    within = judge(lambda: TwoModeBackend(Device("cpu"), numerics="fast"), case)
+    assert within.verdict == "bound" and str(within.tier) == "ulp<=8"
+
+
+def test_a_bad_fast_manifest_is_refused_at_registration():
+    cls = type("BadFast", (TwoModeBackend,), {"name": "badfast", "fast_manifest": {"ADD": "fast"}})
+    with pytest.raises(
+        PluginError, match="backend 'badfast' declares a bad fast_manifest: bad tier 'fast'"
+    ):
+        _check_backend_class(cls, Registry())
 
 
 # -- the harness catches faults ---------------------------------------------------------------

@@ -336,6 +336,7 @@ def backends(args: argparse.Namespace) -> int:
                 "reason": ok.reason,
                 "numerics": list(cls.numerics_modes),
                 "tiers": backend_manifest(cls).to_dict(),
+                "fast_tiers": backend_manifest(cls, "fast").to_dict(),
                 "devices": [
                     {"id": d.id, "description": d.description, "score": cls.score(d)}
                     for d in devices
@@ -349,6 +350,9 @@ def backends(args: argparse.Namespace) -> int:
     for r in rows:
         state = "available" if r["available"] else f"unavailable: {r['reason']}"
         tiers = ", ".join(f"{k} {v}" for k, v in r["tiers"].items())
+        if r["fast_tiers"] != r["tiers"]:
+            fast = ", ".join(f"{k} {v}" for k, v in r["fast_tiers"].items() if v != "exact")
+            tiers = f"{tiers}; under fast: {fast}"
         print(f"{r['name']:<10} {state}  (numerics: {', '.join(r['numerics'])}; tiers: {tiers})")
         for d in r["devices"]:
             print(f"{'':<10} {d['id']:<10} score {d['score']:<4} {d['description']}")
@@ -497,10 +501,13 @@ def serve(args: argparse.Namespace) -> int:
 
 def conformance(args: argparse.Namespace) -> int:
     from parity.conformance.harness import CaseResult
-    from parity.conformance.report import backend_factory, format_table, run_suite
+    from parity.conformance.report import backend_factory, checked_modes, format_table, run_suite
     from parity.core.plugins import load_backends
 
-    factory = backend_factory(load_backends(), args.backend, args.device)
+    registry = load_backends()
+    modes = [args.numerics] if args.numerics else checked_modes(registry.get(args.backend))
+    factories = {m: backend_factory(registry, args.backend, args.device, numerics=m)
+                 for m in modes}  # fmt: skip
 
     bar = None
     if not args.verbose and sys.stderr.isatty():  # a long run shows where it is
@@ -515,25 +522,30 @@ def conformance(args: argparse.Namespace) -> int:
         elif bar is not None:
             bar.update(1)
 
+    runs = {}
     try:
-        results = run_suite(
-            factory,
-            patterns=args.patterns,
-            case_files=args.cases,
-            suite=bool(args.patterns) or not args.cases,
-            progress=progress,
-        )
+        for mode, factory in factories.items():
+            runs[mode] = run_suite(
+                factory,
+                patterns=args.patterns,
+                case_files=args.cases,
+                suite=bool(args.patterns) or not args.cases,
+                progress=progress,
+            )
     finally:
         if bar is not None:
             bar.close()
-    if not results:
+    if not any(runs.values()):
         raise ParityError(f"no case matches {', '.join(args.patterns)}; see `parity conformance "
                           f"{args.backend} --json` for the case ids")  # fmt: skip
     if args.json:
-        print(json.dumps({"backend": args.backend, "cases": [r.to_dict() for r in results]}))
+        cases = [dict(r.to_dict(), numerics=m) for m, results in runs.items() for r in results]
+        print(json.dumps({"backend": args.backend, "cases": cases}))
     else:
-        print(format_table(args.backend, results))
-    return EXIT_FAILED if any(r.failed for r in results) else 0
+        tables = [format_table(args.backend if len(runs) == 1 else f"{args.backend} ({m})", rs)
+                  for m, rs in runs.items()]  # fmt: skip
+        print("\n\n".join(tables))
+    return EXIT_FAILED if any(r.failed for rs in runs.values() for r in rs) else 0
 
 
 def compare(args: argparse.Namespace) -> int:
@@ -548,7 +560,7 @@ def compare(args: argparse.Namespace) -> int:
         raise ParityError(f"--backends takes two names, reference,candidate; got {args.backends!r}")
     registry = load_backends()
     reference = backend_factory(registry, names[0], reference=True)
-    candidate = backend_factory(registry, names[1], args.device)
+    candidate = backend_factory(registry, names[1], args.device, numerics=args.numerics)
     model = load(_model_ref(args), backends=())  # the file and its tokenizer; no upload
     prompt = model.tokenize(args.prompt)
     if not prompt:

@@ -242,6 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--case", dest="cases", action="append", default=[], metavar="FILE",
         help="replay a case file saved by `parity compare` (repeatable; with no -k, only these)",
     )  # fmt: skip
+    p.add_argument(
+        "--numerics", choices=("exact", "fast"),
+        help="check only this mode (default: exact, and fast too for a backend whose fast "
+        "kernels differ)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="one JSON object: every case's result")
     p.add_argument("-v", "--verbose", action="store_true", help="each case as it finishes")
     p.set_defaults(func=commands.conformance)
@@ -263,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the first violation is saved as a replayable case (default: ./parity-cases)",
     )  # fmt: skip
     p.add_argument("--device", type=_device_arg, help="device of the candidate: 1 or cuda:1")
+    p.add_argument(
+        "--numerics", choices=("exact", "fast"), default="exact",
+        help="the candidate's numerics (default: exact)",
+    )  # fmt: skip
     p.add_argument(
         "--ctx", type=_positive,
         help="KV cache size (default: just what the prompt and tokens need)",

@@ -31,7 +31,7 @@ from parity.core.backend import Backend
 from parity.core.compare import NodeDiff, diff_arrays, jsonable
 from parity.core.ir import Graph, Op
 from parity.core.runtime import Runtime
-from parity.core.tiers import Tier, backend_manifest
+from parity.core.tiers import Tier, manifest_of
 from parity.core.weights import WeightData
 from parity.generation.sampling import Sampler, SamplingParams
 
@@ -162,7 +162,7 @@ def compare_steps(
     n_ctx = n_ctx or len(prompt) + n_tokens - 1
     sampling = sampling or SamplingParams(temperature=0.0)
     ref_backend, cand_backend = reference(), candidate()
-    manifest = backend_manifest(type(cand_backend))
+    manifest = manifest_of(cand_backend)
     cand_backends = [cand_backend, *([fallback()] if fallback else [])]
     runtimes = [
         Runtime([ref_backend], weights, rewrite=False),  # the graph as written: every node

@@ -31,7 +31,7 @@ from parity.core.backend import Backend, Buffer, Device, Executable, Split, boun
 from parity.core.compare import NodeDiff, diff_arrays, jsonable
 from parity.core.dtypes import DType, host_layout, numpy_dtype
 from parity.core.ir import Graph, Node, Op
-from parity.core.tiers import EXACT, Tier, backend_manifest
+from parity.core.tiers import EXACT, Tier, manifest_of
 
 MARGIN = 64  # sentinel elements on each side of a guarded buffer or readback window
 # the sentinel's bytes, repeated: as float32 a quiet NaN with a payload, as int32 a large number
@@ -339,7 +339,7 @@ def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
                 f"{backend.name}'s rewrite fuses nothing here: the pattern runs as written"
             ])  # fmt: skip
         srcs_of = [[graph.nodes[s] for s in n.src] for n in graph.nodes]
-        manifest = backend_manifest(type(backend))
+        manifest = manifest_of(backend)
         ran = graph.rewritten().get(subject)
         if ran is None:
             raise ValueError(f"the rewrite lost the value of the case's output %{subject}")

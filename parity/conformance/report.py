@@ -20,19 +20,39 @@ class BackendUnavailable(PluginError):
     """The backend is installed but cannot run on this machine (e.g. no GPU)."""
 
 
+def checked_modes(cls: type[Backend]) -> list[str]:
+    """The numerics the kit checks a backend in: ``exact`` where offered, and ``fast`` too
+    where its fast kernels differ (a ``fast_manifest``); one of them otherwise."""
+    modes = [m for m in ("exact", "fast") if m in cls.numerics_modes]
+    if "exact" in modes and getattr(cls, "fast_manifest", None) is None:
+        modes = ["exact"]
+    return modes or list(cls.numerics_modes[:1])
+
+
 def backend_factory(
-    registry: Registry, name: str, device: int | None = None, *, reference: bool = False
+    registry: Registry,
+    name: str,
+    device: int | None = None,
+    *,
+    reference: bool = False,
+    numerics: str = "exact",
 ) -> Callable[[], Backend]:
     """A maker of fresh instances of backend ``name``, built as a run builds it: the device
-    by index, the options of ``[backends.NAME]`` in the config file. Numerics are the most
-    permissive the backend offers, which is where its declared bounds apply. As the
-    ``reference`` of a comparison, ``cpu`` is the readable definition (its ``definition``
-    kernels), whatever the config picks for running."""
+    by index, the options of ``[backends.NAME]`` in the config file, in ``numerics`` (a
+    backend that offers only ``fast`` gets that). As the ``reference`` of a comparison,
+    ``cpu`` is the readable definition (its ``definition`` kernels), whatever the config
+    picks for running."""
     cls = registry.get(name)  # PluginError: not installed, or its plugin is broken
     ok = cls.available()
     if not ok.ok:
         raise BackendUnavailable(f"backend {name!r} is not available here: {ok.reason}")
-    numerics = "fast" if "fast" in cls.numerics_modes else "exact"
+    if numerics not in cls.numerics_modes:
+        if numerics == "fast" or "fast" not in cls.numerics_modes:
+            raise BackendUnavailable(
+                f"backend {name!r} offers numerics {', '.join(cls.numerics_modes)}, "
+                f"not {numerics!r}"
+            )
+        numerics = "fast"
     config = load_config(backend=name, device=device, numerics=numerics)
     chosen = choose_backend(config, registry)
     options = config.backend_options.get(name, {})

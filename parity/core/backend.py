@@ -147,6 +147,9 @@ class Backend:
     # "nmse<=1e-5", keyed "OP:TYPE", "OP" or "*"; the conformance kit and `parity compare`
     # enforce it, and the scheduler reads it (a bounded node is "fast")
     manifest: ClassVar[Mapping[str, str]] = {"*": "exact"}
+    # the tiers under numerics = "fast", for a backend whose fast kernels differ from its exact
+    # ones (None: the same kernels, ``manifest``, either way); exact is then ``manifest``
+    fast_manifest: ClassVar[Mapping[str, str] | None] = None
     # True when the per-step calls enqueue and return before the work is done (a GPU stream);
     # False when they compute on the spot (cpu), where starting a step early gains nothing
     queues: ClassVar[bool] = False

@@ -163,6 +163,7 @@ def _check_backend_class(cls: type, registry: Registry) -> None:
             f"speaks {PLUGIN_API_VERSION}; upgrade the plugin or parity"
         )
     backend_manifest(cls)  # a bad declaration is a PluginError naming the backend
+    backend_manifest(cls, "fast")
     if cls.name in registry.backends:
         raise PluginError(
             f"backend name {cls.name!r} is already registered by plugin "

@@ -24,7 +24,7 @@ import attrs
 
 from parity.core.backend import Backend, Split
 from parity.core.ir import FUSED, Graph, Node, Op
-from parity.core.tiers import backend_manifest
+from parity.core.tiers import manifest_of
 from parity.errors import GraphError, SchedulingError
 
 HOST = "host"  # where INPUT leaves start
@@ -157,7 +157,7 @@ def _accepts(b: Backend, node: Node, srcs: list[Node]) -> tuple[str | None, str]
     if not b.supports_op(node, srcs):
         return None, b.why_unsupported(node, srcs)
     mode = b.op_numerics(node, srcs)
-    if not backend_manifest(type(b)).tier_of(node, srcs).exact:
+    if not manifest_of(b).tier_of(node, srcs).exact:
         mode = "fast"  # a declared bound is fast numerics, whatever op_numerics says
     if mode != "exact" and b.numerics == "exact":
         return None, f"{b.name} computes {node.op.name} only in {mode} numerics"

@@ -17,7 +17,9 @@ applies only to the ops whose budget it fits (the others stay exact). Examples::
 
 The conformance kit (``parity conformance``) and ``parity compare`` enforce what is declared, and
 the scheduler reads it: a node whose tier is a bound computes in ``fast`` numerics, so under
-``numerics = "exact"`` it is placed on an exact backend instead.
+``numerics = "exact"`` it is placed on an exact backend instead. A backend whose ``fast``
+kernels differ from its ``exact`` ones declares them apart: ``manifest`` is what it keeps in
+``exact``, ``fast_manifest`` in ``fast`` (``manifest_of(backend)`` is the one in force).
 """
 
 from __future__ import annotations
@@ -236,11 +238,20 @@ def _check_key(key: object) -> str:
 
 
 @functools.cache
-def backend_manifest(cls: type) -> Manifest:
-    """The parsed manifest of a backend class; a PluginError names the class and the fault."""
+def backend_manifest(cls: type, numerics: str = "exact") -> Manifest:
+    """The parsed manifest of a backend class in ``numerics``: its ``fast_manifest`` under
+    ``fast`` where it declares one, else its ``manifest``. A PluginError names the class and
+    the fault."""
+    fast = getattr(cls, "fast_manifest", None) if numerics == "fast" else None
+    which = "fast_manifest" if fast is not None else "manifest"
     try:
-        return Manifest.parse(getattr(cls, "manifest", None))
+        return Manifest.parse(fast if fast is not None else getattr(cls, "manifest", None))
     except ValueError as e:
         raise PluginError(
-            f"backend {getattr(cls, 'name', cls)!r} declares a bad manifest: {e}"
+            f"backend {getattr(cls, 'name', cls)!r} declares a bad {which}: {e}"
         ) from None
+
+
+def manifest_of(backend: object) -> Manifest:
+    """The tiers a backend instance keeps: its class's manifest in its numerics."""
+    return backend_manifest(type(backend), getattr(backend, "numerics", "exact"))
