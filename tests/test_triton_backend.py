@@ -28,11 +28,12 @@ from parity.core.plugins import load_backends
 
 cls = load_backends().backends["triton"]
 wanted = set(json.loads(sys.argv[1]))
+numerics = sys.argv[2] if len(sys.argv) > 2 else "exact"
 results = []
 for spec in op_suite():
     if spec.id in wanted:
-        r = judge(lambda: cls(cls.devices()[0]), spec.build())
-        results.append({"case": spec.id, "op": spec.op, "result": r.verdict,
+        r = judge(lambda: cls(cls.devices()[0], numerics=numerics), spec.build())
+        results.append({"case": spec.id, "op": spec.op, "result": r.verdict, "tier": str(r.tier),
                         "explain": "" if r.verdict == "exact" else r.explain()})
 print(json.dumps(results))
 """
@@ -86,10 +87,13 @@ b.PRODUCT_ROWS[True], b.PRODUCT_GROUP[True], b.ATTENTION_TILE[True] = (
 def test_the_gpus_tiling_gives_the_same_bits_in_the_interpreter():
     """The interpreter takes a product's K and an attention chunk in one step; the GPU takes
     them in groups and sub-tiles (the same TREE, level for level): cases over several groups
-    and sub-tiles, K of 576 and 896, attention over two chunks, GQA and a window."""
+    and sub-tiles, K of 576 and 896, attention over two chunks, GQA and a window, a decode
+    step's parts of a chunk (one sub-tile a program) and a prefill's chunks (a loop over
+    sub-tiles), heads of 64 and 256."""
     wanted = ["matmul-Q4_1-192x576-t1", "matmul-Q5_0-128x896-t1", "matmul-q8x-Q4_K-48x512-t7",
               "matmul-q8x-Q6_K-48x512-t7", "matmul_add-F16-48x512-t5",
-              "attention-9x3x64-p300-t1", "attention-window7-9x3x64-p250-t20"]  # fmt: skip
+              "attention-9x3x64-p300-t1", "attention-window7-9x3x64-p250-t20",
+              "attention-window512-4x1x256-p767-t1"]  # fmt: skip
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
     run = subprocess.run([sys.executable, "-c", GPU_TILING + JUDGE, json.dumps(wanted)],
                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
@@ -97,6 +101,33 @@ def test_the_gpus_tiling_gives_the_same_bits_in_the_interpreter():
     results = json.loads(run.stdout.splitlines()[-1])
     assert sorted(r["case"] for r in results) == sorted(wanted)
     assert all(r["result"] == "exact" for r in results), results
+
+
+FAST_CASES = [  # products and attention of 16 tokens or more: the fast kernels' cases
+    *(spec.id for spec in op_suite()
+      if spec.id.endswith(("-t33", "-t35", "-t37")) and spec.op.startswith("MATMUL")),
+    "attention-9x3x64-p0-t300", "attention-14x2x64-p0-t300", "attention-window7-9x3x64-p250-t20",
+    "attention-window100-4x1x256-p0-t300",
+]  # fmt: skip
+
+
+@needs_triton
+def test_fast_kernels_keep_their_declared_bounds_in_the_interpreter():
+    """Under numerics = "fast" the tiled GEMMs (every weight type, bias and residual) and flash
+    attention (GQA, windows, heads of 64 and 256) run, and stay within the fast_manifest."""
+    from parity.backends.triton.backend import FAST_TIERS
+    from parity.core.tiers import Tier
+
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
+    run = subprocess.run([sys.executable, "-c", JUDGE, json.dumps(FAST_CASES), "fast"], env=env,
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads(run.stdout.splitlines()[-1])
+    assert sorted(r["case"] for r in results) == sorted(FAST_CASES)
+    wrong = [r for r in results if r["result"] not in ("exact", "bound")]
+    assert not wrong, wrong
+    assert {r["tier"] for r in results} == {str(Tier.parse(t)) for t in FAST_TIERS.values()}
+    assert {r["op"] for r in results if r["result"] == "bound"} == set(FAST_TIERS)
 
 
 def test_discovery_imports_neither_triton_nor_torch():
@@ -163,29 +194,48 @@ KERNELS = [  # (module, kernel, signature, constexprs)
     *(("attention", "chunk_max",
        {"mx": "*fp32", "q": "*fp32", "k": "*fp32", "positions": "*i32", "n_head": "i32",
         "group": "i32", "kv_width": "i32", "window": "i32", "scale": "fp32",
-        "n_chunks": "i32"}, {"D": d, "LOGD": d.bit_length() - 1, "SUB": 4096 // d})
-      for d in (64, 256)),
+        "n_parts": "i32"}, {"D": d, "LOGD": d.bit_length() - 1, "SUB": 4096 // d, "PER": per})
+      for d, per in ((64, 1), (256, 16))),
     *(("attention", "chunk_sums",
        {"dens": "*fp32", "nums": "*fp32", "mx": "*fp32", "q": "*fp32", "k": "*fp32",
         "v": "*fp32", "positions": "*i32", "n_head": "i32", "group": "i32", "kv_width": "i32",
-        "window": "i32", "scale": "fp32", "n_chunks": "i32"},
+        "window": "i32", "scale": "fp32", "n_parts": "i32"},
        {"D": d, "LOGD": d.bit_length() - 1, "SUB": 4096 // d,
-        "LOGSUB": (4096 // d).bit_length() - 1, "NCP": 4})
-      for d in (64, 256)),
-    ("attention", "fold",
-     {"out": "*fp32", "dens": "*fp32", "nums": "*fp32", "positions": "*i32", "n_head": "i32",
-      "window": "i32", "n_chunks": "i32"}, {"D": 64}),
+        "LOGSUB": (4096 // d).bit_length() - 1, "PER": per, "LOGPER": per.bit_length() - 1,
+        "NPP": 64})
+      for d, per in ((64, 1), (64, 4), (256, 16))),
+    *(("attention", "fold",
+       {"out": "*fp32", "dens": "*fp32", "nums": "*fp32", "positions": "*i32", "n_head": "i32",
+        "window": "i32", "n_parts": "i32"},
+       {"D": d, "PARTS": parts, "LOGPARTS": parts.bit_length() - 1})
+      for d, parts in ((64, 4), (256, 1))),
+]  # fmt: skip
+
+FAST_KERNELS = [  # the fast kernels, which may contract and flush
+    *(("gemm_fast", "gemm_q", {"y": "*fp32", "xq": "*i8", "xd": "*fp32", "xs": "*fp32",
+                               "w": "*u8", "bias": "*fp32", "res": "*fp32", "t": "i32",
+                               "k": "i32", "n_out": "i32", "row_bytes": "i32"},
+       {"TYPE": code, "L": sub, "BM": 64, "BN": 32, "HAS_BIAS": True, "HAS_RES": True})
+      for code, sub in ((3, 32), (12, 32), (14, 16))),
+    ("gemm_fast", "gemm_f", {"y": "*fp32", "x": "*fp32", "w": "*i16", "bias": "*fp32",
+                             "res": "*fp32", "t": "i32", "k": "i32", "n_out": "i32",
+                             "row_bytes": "i32"},
+     {"TYPE": 30, "BM": 64, "BN": 32, "BK": 32, "HAS_BIAS": False, "HAS_RES": False}),
+    *(("attention_fast", "flash",
+       {"out": "*fp32", "q": "*fp32", "k": "*fp32", "v": "*fp32", "positions": "*i32",
+        "t": "i32", "n_head": "i32", "group": "i32", "kv_width": "i32", "window": "i32",
+        "scale": "fp32"}, {"D": d, "BM": bm, "BN": bn})
+      for d, bm, bn in ((64, 32, 32), (256, 16, 16))),
 ]  # fmt: skip
 
 
-@needs_triton
-@pytest.mark.parametrize(("module", "name", "signature", "constants"), KERNELS,
-                         ids=[f"{k[1]}-{k[3].get('TYPE', k[3].get('D'))}"
-                              for k in KERNELS])  # fmt: skip
-def test_kernels_compile_for_sm90_without_contraction_or_flushing(module, name, signature,
-                                                                   constants):  # fmt: skip
-    """Triton compiles for a GPU target without a GPU: the PTX has no fused multiply-add, no
-    flush-to-zero, and rounds divisions and square roots correctly."""
+def _kernel_id(kernel) -> str:
+    name, constants = kernel[1], kernel[3]
+    shape = (str(constants[c]) for c in ("TYPE", "D", "PER", "PARTS") if c in constants)
+    return "-".join((name, *shape))
+
+
+def _ptx(module: str, name: str, signature: dict, constants: dict) -> str:
     import importlib
 
     import triton
@@ -195,7 +245,27 @@ def test_kernels_compile_for_sm90_without_contraction_or_flushing(module, name, 
     fn = getattr(importlib.import_module(f"parity.backends.triton.kernels.{module}"), name)
     signature = dict(signature, **dict.fromkeys(constants, "constexpr"))
     src = ASTSource(fn=fn, signature=signature, constexprs=constants)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options={"enable_fp_fusion": False}).asm["ptx"]  # fmt: skip
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"enable_fp_fusion": False}).asm["ptx"]  # fmt: skip
+
+
+@needs_triton
+@pytest.mark.parametrize(("module", "name", "signature", "constants"), KERNELS,
+                         ids=[_kernel_id(k) for k in KERNELS])  # fmt: skip
+def test_kernels_compile_for_sm90_without_contraction_or_flushing(module, name, signature,
+                                                                   constants):  # fmt: skip
+    """Triton compiles for a GPU target without a GPU: the PTX has no fused multiply-add, no
+    flush-to-zero, and rounds divisions and square roots correctly."""
+    ptx = _ptx(module, name, signature, constants)
     assert "fma." not in ptx and ".ftz" not in ptx
     assert "div.full" not in ptx and "div.approx" not in ptx and "sqrt.approx" not in ptx
+
+
+@needs_triton
+@pytest.mark.parametrize(("module", "name", "signature", "constants"), FAST_KERNELS,
+                         ids=[_kernel_id(k) for k in FAST_KERNELS])  # fmt: skip
+def test_fast_kernels_compile_for_sm90_onto_tensor_cores(module, name, signature, constants):
+    """The quantized GEMM's integer dots run on the tensor cores (mma); the float GEMM and
+    flash attention (IEEE float32 dots) compile."""
+    ptx = _ptx(module, name, signature, constants)
+    assert name != "gemm_q" or "mma" in ptx

@@ -4,11 +4,14 @@ PyTorch memory, one stream, pinned readback, CUDA graphs), bit for bit the cpu o
 on host memory (``HostRuntime``), so a machine without a GPU checks them.
 
 Every op of the IR has an ``exact`` kernel (kernels/*.py), written for exactness first: one
-program per block of output rows or per (token, head), TREEs as reshape-and-split levels;
-``fast`` kernels and the speed work are still to come. ``auto`` prefers cuda on a GPU (score 90
-against cuda's 100: cuda is exact on every op too and, until a benchmark says otherwise,
-faster); the interpreter's device scores -1, below the cpu oracle, so it is only used when
-asked for.
+program per block of output rows or per (token, head, part of a chunk), TREEs as
+reshape-and-split levels. Under ``numerics = "fast"`` (``fast_manifest``) products and attention
+of ``FAST_GEMM_TOKENS`` tokens or more (a prefill) take tiled GEMMs on tensor cores
+(kernels/gemm_fast.py) and flash attention (kernels/attention_fast.py); the other ops, and
+those of fewer tokens (a decode step), keep the exact kernels, which meet any bound. ``auto``
+prefers cuda on a GPU (score 90 against cuda's 100: cuda is exact on every op too and, by the
+benchmarks in docs/perf.md, faster); the interpreter's device scores -1, below the cpu oracle,
+so it is only used when asked for.
 
 Kernels are compiled when a split is prepared (Triton's own cache keeps them across runs),
 never inside a capture.
@@ -56,6 +59,18 @@ ARGMAX_BLOCK = 4096
 # slots x head_dim an attention program holds at a time, and the most slots (interpreter: one
 # step per chunk)
 ATTENTION_TILE = {False: (4096, 128), True: (1 << 16, 256)}
+# up to this many tokens, attention programs take one sub-tile each (else a chunk each)
+ATTENTION_SPLIT_TOKENS = 16
+# under fast numerics, products of at least this many tokens run as tiled GEMMs on tensor
+# cores (kernels/gemm_fast.py; fewer tokens take the exact kernels), BM x BN (x BK) tiles
+FAST_GEMM_TOKENS = 16
+FAST_GEMM_TILE = (64, 64, 32)
+FAST_GEMM_WARPS = 8  # (4 warps hold a 64 x 64 tile only by spilling)
+# and attention of at least this many tokens as flash attention (kernels/attention_fast.py)
+FAST_ATTENTION_TOKENS = 16
+# the fast kernels' tiers: a product's float additions in another order; attention's online
+# softmax, with tl.exp
+FAST_TIERS = {**{op.name: "nmse<=1e-8" for op in PRODUCTS}, "ATTENTION": "nmse<=1e-8"}
 
 
 class TritonExecutable(GpuExecutable):
@@ -64,9 +79,10 @@ class TritonExecutable(GpuExecutable):
 
 class TritonBackend(GpuBackend):
     name = "triton"
-    numerics_modes = ("exact",)
+    numerics_modes = ("exact", "fast")
     queues = True  # on a GPU, every per-step call goes on the runtime's stream
     manifest: ClassVar[Mapping[str, str]] = {op.name: "exact" for op in sorted(OPS, key=str)}
+    fast_manifest: ClassVar[Mapping[str, str]] = {**manifest, **FAST_TIERS}
 
     def __init__(self, device: Device, *, pinned: bool | None = None, **kwargs: Any) -> None:
         super().__init__(device, **kwargs)
@@ -99,8 +115,10 @@ class TritonBackend(GpuBackend):
 
         from parity.backends.triton.kernels import (
             attention,
+            attention_fast,
             dequant,
             elementwise,
+            gemm_fast,
             matmul,
             norm,
             rows,
@@ -112,7 +130,9 @@ class TritonBackend(GpuBackend):
         self.rows = rows
         self.dequant = dequant
         self.matmul = matmul
+        self.gemm_fast = gemm_fast
         self.attention = attention
+        self.attention_fast = attention_fast
         self.init_memory()
 
     # -- discovery -------------------------------------------------------------------------
@@ -306,7 +326,25 @@ class TritonBackend(GpuBackend):
             bias = y if bias is None else bias
             res = y if res is None else res
             dtype = w_node.dtype
-            if dtype.is_quantized:
+            if self.numerics == "fast" and t >= FAST_GEMM_TOKENS:
+                bm, bn, bk = FAST_GEMM_TILE
+                grid = (self.triton.cdiv(t, bm), self.triton.cdiv(n_out, bn))
+                extra.update(BM=bm, BN=bn)
+                if dtype.is_quantized:
+                    q = quantized_x()
+                    steps.append(self._kernel(self.gemm_fast.gemm_q, 0, y, q.q, q.d, q.s,
+                                              src[wi], bias, res, t, k, n_out,
+                                              dtype.nbytes(k), grid=grid, TYPE=dtype.value,
+                                              L=16 if dtype is DType.Q6_K else 32,
+                                              num_warps=FAST_GEMM_WARPS, block=False,
+                                              **extra))  # fmt: skip
+                else:
+                    steps.append(self._kernel(self.gemm_fast.gemm_f, 0, y, src[0], src[wi],
+                                              bias, res, t, k, n_out, dtype.nbytes(k),
+                                              grid=grid, TYPE=dtype.value, BK=bk,
+                                              num_warps=FAST_GEMM_WARPS, block=False,
+                                              **extra))  # fmt: skip
+            elif dtype.is_quantized:
                 q = quantized_x()
                 sub = 16 if dtype is DType.Q6_K else 32
                 p = 1 << max(0, k // sub - 1).bit_length()
@@ -341,30 +379,48 @@ class TritonBackend(GpuBackend):
 
     def _attention(self, node: Node, out: Any, src: list[Any]):
         """ATTENTION in three launches (kernels/attention.py) over scratch for each (token,
-        head, chunk): the chunk's max score, its D_c and N_c."""
+        head, part of a chunk): the part's max score and its sums. A few tokens (a decode step)
+        take one sub-tile a program, for enough programs; more take a chunk a program."""
         arg = node.arg
         t, d = node.shape[0], arg.head_dim
+        if self.numerics == "fast" and t >= FAST_ATTENTION_TOKENS:
+            return self._flash_attention(node, out, src)
         n_ctx = src[1].shape[0]
-        chunks = self.triton.cdiv(n_ctx, 256)
-        mx, dens = (self.alloc(DType.F32, (t, arg.n_head, chunks)) for _ in range(2))
-        nums = self.alloc(DType.F32, (t, arg.n_head, chunks, d))
+        tile, most = ATTENTION_TILE[self.interpreted]
+        sub = max(16, min(most, tile // d))  # slots taken at a time
+        parts = 256 // sub if t <= ATTENTION_SPLIT_TOKENS else 1  # programs a chunk
+        per = 256 // sub // parts  # sub-tiles a program
+        n_parts = self.triton.cdiv(n_ctx, 256) * parts
+        mx, dens = (self.alloc(DType.F32, (t, arg.n_head, n_parts)) for _ in range(2))
+        nums = self.alloc(DType.F32, (t, arg.n_head, n_parts, d))
         q, k, v, positions = src
         group, kv_width = arg.n_head // arg.n_head_kv, arg.n_head_kv * d
-        tile, most = ATTENTION_TILE[self.interpreted]
-        sub = max(16, min(most, tile // d))  # slots of a chunk taken at a time
-        shape = dict(D=d, LOGD=d.bit_length() - 1, SUB=sub, block=False)
-        grid = (t, arg.n_head, chunks)
+        shape = dict(D=d, LOGD=d.bit_length() - 1, SUB=sub, PER=per, block=False)
+        grid = (t, arg.n_head, n_parts)
         steps = [
             self._kernel(self.attention.chunk_max, 0, mx, q, k, positions, arg.n_head, group,
-                         kv_width, arg.window, arg.scale, chunks, grid=grid, **shape),
+                         kv_width, arg.window, arg.scale, n_parts, grid=grid, **shape),
             self._kernel(self.attention.chunk_sums, 0, dens, nums, mx, q, k, v, positions,
-                         arg.n_head, group, kv_width, arg.window, arg.scale, chunks, grid=grid,
-                         LOGSUB=sub.bit_length() - 1,
-                         NCP=1 << max(0, chunks - 1).bit_length(), **shape),
+                         arg.n_head, group, kv_width, arg.window, arg.scale, n_parts, grid=grid,
+                         LOGSUB=sub.bit_length() - 1, LOGPER=per.bit_length() - 1,
+                         NPP=1 << max(0, n_parts - 1).bit_length(), **shape),
             self._kernel(self.attention.fold, 0, out, dens, nums, positions, arg.n_head,
-                         arg.window, chunks, grid=(t, arg.n_head), D=d, block=False),
+                         arg.window, n_parts, grid=(t, arg.n_head), D=d, PARTS=parts,
+                         LOGPARTS=parts.bit_length() - 1, block=False),
         ]  # fmt: skip
         return self._sequence(steps)
+
+    def _flash_attention(self, node: Node, out: Any, src: list[Any]):
+        """Fast ATTENTION for a prefill: one launch of flash attention."""
+        arg = node.arg
+        t, d = node.shape[0], arg.head_dim
+        bm = bn = 32 if d <= 64 else 16  # (the IEEE dots' tiles in registers, unspilled)
+        q, k, v, positions = src
+        return self._kernel(self.attention_fast.flash, 0, out, q, k, v, positions, t,
+                            arg.n_head, arg.n_head // arg.n_head_kv, arg.n_head_kv * d,
+                            arg.window, arg.scale, grid=(self.triton.cdiv(t, bm), arg.n_head),
+                            D=d, BM=bm, BN=bn, num_warps=FAST_GEMM_WARPS,
+                            block=False)  # fmt: skip
 
     @staticmethod
     def _sequence(steps):
