@@ -105,7 +105,8 @@ def test_the_gpus_tiling_gives_the_same_bits_in_the_interpreter():
 
 FAST_CASES = [  # products and attention of 16 tokens or more: the fast kernels' cases
     *(spec.id for spec in op_suite()
-      if spec.id.endswith(("-t33", "-t35", "-t37")) and spec.op.startswith("MATMUL")),
+      if spec.id.endswith(("-t33", "-t35", "-t37", "-t70")) and spec.op.startswith("MATMUL")),
+    "attention-plain-window0-9x3x64-p100-t100", "attention-plain-window64-4x1x256-p200-t40",
     "attention-9x3x64-p0-t300", "attention-14x2x64-p0-t300", "attention-window7-9x3x64-p250-t20",
     "attention-window100-4x1x256-p0-t300",
 ]  # fmt: skip

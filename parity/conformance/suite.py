@@ -122,9 +122,10 @@ def real_matmul_shapes() -> list[tuple[DType, int, int]]:
     return sorted(shapes, key=lambda s: (s[0].value, s[1], s[2]))
 
 
-def _matmul(dtype: DType, n: int, k: int, t: int, bias: bool = False):
+def _matmul(dtype: DType, n: int, k: int, t: int, bias: bool = False, special: bool = True):
     def make(g: _Builder) -> Ref:
-        srcs = [g.input("x", activations(g.rng, (t, k))), g.weight("w", dtype, (n, k))]
+        x = activations(g.rng, (t, k), special=special)
+        srcs = [g.input("x", x), g.weight("w", dtype, (n, k))]
         if bias:
             srcs.append(g.weight("bias", F32, (n,)))
         return g.op(Op.MATMUL, *srcs)
@@ -167,11 +168,18 @@ def _rope(n_head: int, head_dim: int, n_rot: int, mode: str, n_ctx: int, base: f
 
 
 def _attention(
-    n_head: int, n_kv: int, head_dim: int, start: int, t: int, n_ctx: int, window: int = 0
+    n_head: int,
+    n_kv: int,
+    head_dim: int,
+    start: int,
+    t: int,
+    n_ctx: int,
+    window: int = 0,
+    special: bool = True,
 ):
     """Tokens at positions start..start+t-1 attend over a cache whose earlier rows hold
     history and whose later rows hold SENTINEL; with a sliding ``window``, so do the rows
-    before the first one any of the tokens reads."""
+    before the first one any of the tokens reads. ``special``: values hold SPECIAL too."""
 
     def make(g: _Builder) -> Ref:
         width = n_kv * head_dim
@@ -179,12 +187,15 @@ def _attention(
         caches = []
         for name in ("k", "v"):
             cache = np.full((n_ctx, width), SENTINEL, np.float32)
-            cache[:start] = activations(g.rng, (start, width), special=name == "v") if start else 0
+            if start:
+                cache[:start] = activations(g.rng, (start, width), special=special and name == "v")
+            else:
+                cache[:start] = 0
             cache[:unread] = SENTINEL
             caches.append(g.state(name, cache))
         pos = g.input("pos", np.arange(start, start + t, dtype=np.int32))
         k = g.input("k_new", activations(g.rng, (t, width), special=False))
-        v = g.input("v_new", activations(g.rng, (t, width)))
+        v = g.input("v_new", activations(g.rng, (t, width), special=special))
         kc = g.op(Op.KV_WRITE, caches[0], k, pos)
         vc = g.op(Op.KV_WRITE, caches[1], v, pos)
         q = g.input("q", activations(g.rng, (t, n_head * head_dim), special=False))
@@ -313,6 +324,13 @@ def op_suite() -> list[CaseSpec]:
     specs.append(
         _spec("matmul-Q4_0-48x128-t37", Op.MATMUL, DType.Q4_0, _matmul(DType.Q4_0, 48, 128, 37))
     )
+    # plain values only (no SPECIAL), over two 64-token tiles: a bounded tier's NMSE then
+    # measures the ordinary elements, which planted values 10^30 times larger would swamp
+    for dtype in WEIGHT_TYPES:
+        name = f"matmul-plain-{dtype.name}-64x512-t70"
+        specs.append(
+            _spec(name, Op.MATMUL, dtype, _matmul(dtype, 64, 512, 70, special=False), seed=70)
+        )
     specs.append(
         _spec("matmul-Q5_0-bias-128x896-t3", Op.MATMUL, DType.Q5_0,
               _matmul(DType.Q5_0, 128, 896, 3, bias=True))
@@ -410,6 +428,19 @@ def op_suite() -> list[CaseSpec]:
                 Op.ATTENTION,
                 F32,
                 _attention(*heads, start, t, n_ctx, window),
+            )
+        )
+    # plain values only (as the plain products): a prefill continuing a history, GQA, and a
+    # windowed one with heads of 256
+    for heads, start, t, n_ctx, window in (((9, 3, 64), 100, 100, 256, 0),
+                                           ((4, 1, 256), 200, 40, 512, 64)):  # fmt: skip
+        name = "x".join(map(str, heads))
+        specs.append(
+            _spec(
+                f"attention-plain-window{window}-{name}-p{start}-t{t}",
+                Op.ATTENTION,
+                F32,
+                _attention(*heads, start, t, n_ctx, window, special=False),
             )
         )
     specs.append(_spec("rope-neox-partial-9x64-rot32", Op.ROPE, F32,
