@@ -29,6 +29,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--position", type=int, default=100)
     ap.add_argument("--profile", action="store_true", help="time every kernel of a step")
+    ap.add_argument("--numerics", default="exact")
     ap.add_argument(
         "--first-step",
         action="store_true",
@@ -46,7 +47,8 @@ def main() -> None:
         help="where a steady greedy decode step's host time goes (cProfile, by own time)",
     )
     args = ap.parse_args()
-    model = parity.load(args.model, backend=args.backend, n_ctx=args.ctx, verify_capture=True)
+    model = parity.load(args.model, backend=args.backend, n_ctx=args.ctx, verify_capture=True,
+                        numerics=args.numerics)  # fmt: skip
     if args.gc_freeze:
         import gc
 

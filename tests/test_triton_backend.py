@@ -86,12 +86,13 @@ b.PRODUCT_ROWS[True], b.PRODUCT_GROUP[True], b.ATTENTION_TILE[True] = (
 @needs_triton
 def test_the_gpus_tiling_gives_the_same_bits_in_the_interpreter():
     """The interpreter takes a product's K and an attention chunk in one step; the GPU takes
-    them in groups and sub-tiles (the same TREE, level for level): cases over several groups
-    and sub-tiles, K of 576 and 896, attention over two chunks, GQA and a window, a decode
+    them in groups and sub-tiles (the same TREE, level for level): products of K 512, 576 and
+    896 (one group) and 4864 (several), attention over two chunks, GQA and a window, a decode
     step's parts of a chunk (one sub-tile a program) and a prefill's chunks (a loop over
     sub-tiles), heads of 64 and 256."""
     wanted = ["matmul-Q4_1-192x576-t1", "matmul-Q5_0-128x896-t1", "matmul-q8x-Q4_K-48x512-t7",
               "matmul-q8x-Q6_K-48x512-t7", "matmul_add-F16-48x512-t5",
+              "matmul-q8x-Q4_K-896x4864-t1", "matmul_add-Q6_K-896x4864-t1",
               "attention-9x3x64-p300-t1", "attention-window7-9x3x64-p250-t20",
               "attention-window512-4x1x256-p767-t1"]  # fmt: skip
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
@@ -157,8 +158,8 @@ def test_without_the_interpreter_or_a_gpu_it_says_why(monkeypatch):
 
 KERNELS = [  # (module, kernel, signature, constexprs)
     ("norm", "rms_norm_f32",
-     {"out": "*fp32", "x": "*fp32", "w": "*fp32", "width": "i32", "eps": "fp32"},
-     {"MUL": True, "P": 1024, "LOG": 10}),
+     {"out": "*fp32", "q": "*i8", "d": "*fp32", "s": "*fp32", "x": "*fp32", "w": "*fp32",
+      "width": "i32", "eps": "fp32"}, {"MUL": True, "P": 1024, "LOG": 10, "QUANT": True}),
     ("elementwise", "unary_f32", {"out": "*fp32", "x": "*fp32", "n": "i32"},
      {"OP": 1, "BLOCK": 1024}),
     ("elementwise", "glu_f32", {"out": "*fp32", "gate": "*fp32", "up": "*fp32", "n": "i32"},
@@ -182,12 +183,19 @@ KERNELS = [  # (module, kernel, signature, constexprs)
                                "row_bytes": "i32"}, {"TYPE": code, "BLOCK": 1024})
       for w, code in (("*u8", 2), ("*u8", 3), ("*u8", 6), ("*u8", 8), ("*u8", 12), ("*u8", 14),
                       ("*fp16", 1), ("*i16", 30))),
+    *(("dequant", "repack", {"q": "*i8", "a": "*fp32", "m": "*fp32", "w": "*u8", "n_rows": "i32",
+                             "k": "i32", "row_bytes": "i32"},
+       {"TYPE": code, "L": 16 if code == 14 else 32, "HAS_MIN": code in (3, 12), "R": 8,
+        "BLOCK": 256})
+      for code in (2, 3, 6, 8, 12, 14)),
     *(("matmul", "matmul_q", {"y": "*fp32", "xq": "*i8", "xd": "*fp32", "xs": "*fp32",
-                              "w": "*u8", "bias": "*fp32", "res": "*fp32", "k": "i32",
-                              "n_out": "i32", "row_bytes": "i32"},
-       {"TYPE": code, "L": sub, "P": p, "LOG": p.bit_length() - 1, "G": 256 // sub,
-        "LOGG": (256 // sub).bit_length() - 1, "BN": 4, "HAS_BIAS": True, "HAS_RES": True})
-      for code, sub, p in ((3, 32, 32), (12, 32, 256), (14, 16, 512))),
+                              "wq": "*i8", "wa": "*fp32", "wm": "*fp32", "uq": "*i8",
+                              "ua": "*fp32", "um": "*fp32", "bias": "*fp32", "res": "*fp32",
+                              "k": "i32", "n_out": "i32"},
+       {"MIN": minimum, "L": sub, "P": p, "LOG": p.bit_length() - 1, "G": 256 // sub,
+        "LOGG": (256 // sub).bit_length() - 1, "BN": 4, "HAS_BIAS": True, "HAS_RES": True,
+        "GLU": glu})
+      for minimum, sub, p, glu in ((1, 32, 32, False), (2, 32, 256, True), (0, 16, 512, False))),
     ("matmul", "matmul_f", {"y": "*fp32", "x": "*fp32", "w": "*fp16", "bias": "*fp32",
                             "res": "*fp32", "k": "i32", "n_out": "i32", "row_bytes": "i32"},
      {"TYPE": 1, "P": 8192, "LOG": 13, "G": 256, "LOGG": 8, "BN": 4, "HAS_BIAS": False,
@@ -206,33 +214,36 @@ KERNELS = [  # (module, kernel, signature, constexprs)
         "NPP": 64})
       for d, per in ((64, 1), (64, 4), (256, 16))),
     *(("attention", "fold",
-       {"out": "*fp32", "dens": "*fp32", "nums": "*fp32", "positions": "*i32", "n_head": "i32",
-        "window": "i32", "n_parts": "i32"},
-       {"D": d, "PARTS": parts, "LOGPARTS": parts.bit_length() - 1})
+       {"out": "*fp32", "yq": "*i8", "yd": "*fp32", "ys": "*fp32", "dens": "*fp32",
+        "nums": "*fp32", "positions": "*i32", "n_head": "i32", "window": "i32",
+        "n_parts": "i32"},
+       {"D": d, "PARTS": parts, "LOGPARTS": parts.bit_length() - 1, "QUANT": d == 64})
       for d, parts in ((64, 4), (256, 1))),
 ]  # fmt: skip
 
 FAST_KERNELS = [  # the fast kernels, which may contract and flush
     *(("gemm_fast", "gemm_q", {"y": "*fp32", "xq": "*i8", "xd": "*fp32", "xs": "*fp32",
-                               "w": "*u8", "bias": "*fp32", "res": "*fp32", "t": "i32",
-                               "k": "i32", "n_out": "i32", "row_bytes": "i32"},
-       {"TYPE": code, "L": sub, "BM": 64, "BN": 32, "HAS_BIAS": True, "HAS_RES": True})
-      for code, sub in ((3, 32), (12, 32), (14, 16))),
+                               "wq": "*i8", "wa": "*fp32", "wm": "*fp32", "bias": "*fp32",
+                               "res": "*fp32", "t": "i32", "k": "i32", "n_out": "i32"},
+       {"MIN": minimum, "L": sub, "BM": 64, "BN": 64, "HAS_BIAS": True, "HAS_RES": True})
+      for minimum, sub in ((1, 32), (2, 32), (0, 16))),
     ("gemm_fast", "gemm_f", {"y": "*fp32", "x": "*fp32", "w": "*i16", "bias": "*fp32",
                              "res": "*fp32", "t": "i32", "k": "i32", "n_out": "i32",
                              "row_bytes": "i32"},
-     {"TYPE": 30, "BM": 64, "BN": 32, "BK": 32, "HAS_BIAS": False, "HAS_RES": False}),
+     {"TYPE": 30, "BM": 64, "BN": 32, "BK": 32, "HAS_BIAS": False, "HAS_RES": False,
+      "PRECISION": "tf32x3"}),
     *(("attention_fast", "flash",
        {"out": "*fp32", "q": "*fp32", "k": "*fp32", "v": "*fp32", "positions": "*i32",
         "t": "i32", "n_head": "i32", "group": "i32", "kv_width": "i32", "window": "i32",
-        "scale": "fp32"}, {"D": d, "BM": bm, "BN": bn})
+        "scale": "fp32"}, {"D": d, "BM": bm, "BN": bn, "PRECISION": "tf32x3"})
       for d, bm, bn in ((64, 32, 32), (256, 16, 16))),
 ]  # fmt: skip
 
 
 def _kernel_id(kernel) -> str:
     name, constants = kernel[1], kernel[3]
-    shape = (str(constants[c]) for c in ("TYPE", "D", "PER", "PARTS") if c in constants)
+    keys = ("TYPE", "MIN", "L", "D", "PER", "PARTS")
+    shape = (str(constants[c]) for c in keys if c in constants)
     return "-".join((name, *shape))
 
 

@@ -298,6 +298,22 @@ def _unfused_qkv(dtype: DType, e: int, q: int, kv: int, t: int):
     return make
 
 
+def _unfused_attention_out(
+    dtype: DType, n_head: int, n_kv: int, head_dim: int, start: int, t: int, n_ctx: int
+):
+    """Attention, then the output projection and the residual ADD, as a decoder writes them:
+    a backend's rewrite may quantize the attention for the product in the same launch."""
+    attend = _attention(n_head, n_kv, head_dim, start, t, n_ctx, special=False)
+
+    def make(g: _Builder) -> Ref:
+        e = n_head * head_dim
+        a = attend(g)
+        x = g.input("x", activations(g.rng, (t, e), special=False))
+        return g.op(Op.ADD, x, g.op(Op.MATMUL, a, g.weight("o", dtype, (e, e))))
+
+    return make
+
+
 def op_suite() -> list[CaseSpec]:
     """The whole suite, in a fixed order (ids are stable across runs and machines)."""
     specs: list[CaseSpec] = []
@@ -543,6 +559,14 @@ def fused_suite() -> list[CaseSpec]:
                 Op.MATMUL,
                 dtype,
                 _unfused_qkv(dtype, e, q, kv, t),
+                rewrite=True,
+            )
+            heads = (spec.n_head, spec.n_head_kv, spec.head_dim)
+            add(
+                f"fusion-attention-out-{dtype.name}-{'x'.join(map(str, heads))}-p40-t{t}",
+                Op.ADD,
+                dtype,
+                _unfused_attention_out(dtype, *heads, 40, t, 256),
                 rewrite=True,
             )
     return specs

@@ -23,6 +23,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+import attrs
 import numpy as np
 
 from parity.backends.gpu.backend import GpuBackend, GpuExecutable
@@ -48,17 +49,20 @@ OPS = frozenset(
 PRODUCTS = (Op.MATMUL, Op.MATMUL_ADD, Op.MATMUL_SWIGLU)
 # outputs of one token a product's program computes: few on a GPU (each holds K quants), many
 # in the interpreter (whose cost is per operation, not per element); the bits do not depend on it
-PRODUCT_ROWS = {False: 4, True: 64}
+PRODUCT_ROWS = {False: 1, True: 64}
 # elements of K a product's program takes at a time (the interpreter: all of them at once)
-PRODUCT_GROUP = {False: 256, True: 1 << 20}
+PRODUCT_GROUP = {False: 2048, True: 1 << 20}
+PRODUCT_WARPS = 1  # a product's program's warps on a GPU
+NORM_WARPS = 8  # an RMS_NORM's (one row a program)
 INT_SOURCES = {Op.ROPE: (1,), Op.KV_WRITE: (2,), Op.GET_ROWS: (1,), Op.ATTENTION: (3,)}
 TABLE_TYPES = WEIGHT_TYPES  # GET_ROWS reads every weight type (kernels/dequant.py)
 SILU, GELU = 0, 1  # the kernels' OP constants
+MIN_TERMS = {DType.Q4_1: 1, DType.Q4_K: 2}  # kernels/matmul.py PLUS_MIN, MINUS_MIN
 KERNELS_SO_FAR = "every op"
 ARGMAX_BLOCK = 4096
 # slots x head_dim an attention program holds at a time, and the most slots (interpreter: one
 # step per chunk)
-ATTENTION_TILE = {False: (4096, 128), True: (1 << 16, 256)}
+ATTENTION_TILE = {False: (1024, 128), True: (1 << 16, 256)}
 # up to this many tokens, attention programs take one sub-tile each (else a chunk each)
 ATTENTION_SPLIT_TOKENS = 16
 # under fast numerics, products of at least this many tokens run as tiled GEMMs on tensor
@@ -66,8 +70,13 @@ ATTENTION_SPLIT_TOKENS = 16
 FAST_GEMM_TOKENS = 16
 FAST_GEMM_TILE = (64, 64, 32)
 FAST_GEMM_WARPS = 8  # (4 warps hold a 64 x 64 tile only by spilling)
-# and attention of at least this many tokens as flash attention (kernels/attention_fast.py)
+# and attention of at least this many tokens as flash attention (kernels/attention_fast.py),
+# in tiles of tokens x slots (heads up to 64, larger heads)
 FAST_ATTENTION_TOKENS = 16
+FLASH_TILE = (32, 16)
+# the float32 dots of flash attention and the float GEMM: three TF32 products (tensor cores,
+# about float32's accuracy), not plain TF32
+FAST_DOT_PRECISION = "tf32x3"
 # the fast kernels' tiers: a product's float additions in another order; attention's online
 # softmax, with tl.exp
 FAST_TIERS = {**{op.name: "nmse<=1e-8" for op in PRODUCTS}, "ATTENTION": "nmse<=1e-8"}
@@ -75,6 +84,22 @@ FAST_TIERS = {**{op.name: "nmse<=1e-8" for op in PRODUCTS}, "ATTENTION": "nmse<=
 
 class TritonExecutable(GpuExecutable):
     pass
+
+
+@attrs.frozen
+class Packed:
+    """A quantized weight as the products read it (kernels/dequant.py ``repack``)."""
+
+    q: Any  # int8 (N, K): the integer quants
+    a: Any  # float32 (N, K / sub): each sub-block's scale
+    m: Any  # float32 (N, K / sub): each sub-block's min (``a`` for types without one)
+    sub: int  # elements a sub-block
+    min: int  # the min term (kernels/matmul.py NO_MIN, PLUS_MIN, MINUS_MIN)
+
+
+def packed_kind(dtype: DType) -> tuple[int, int]:
+    """(elements a sub-block, the min term) of a quantized type's products."""
+    return (16 if dtype is DType.Q6_K else 32), MIN_TERMS.get(dtype, 0)
 
 
 class TritonBackend(GpuBackend):
@@ -134,6 +159,7 @@ class TritonBackend(GpuBackend):
         self.attention = attention
         self.attention_fast = attention_fast
         self.init_memory()
+        self._packed: dict[str, Packed] = {}
 
     # -- discovery -------------------------------------------------------------------------
 
@@ -224,15 +250,30 @@ class TritonBackend(GpuBackend):
             raw = self._weights[node.arg]
             values[i] = raw.view(views[node.dtype]) if node.dtype in views else raw
         self.graph_nodes = graph.nodes
-        launches = [self._lower(graph.nodes[i], values[i], values) for i in split.nodes]
+        self._readers: dict[int, list[int]] = {}
+        for i in split.nodes:
+            for s in graph.nodes[i].src:
+                self._readers.setdefault(s, []).append(i)
+        self._fused: set[int] = set()  # nodes an earlier launch computes too
+        launches = [self._lower(i, graph.nodes[i], values[i], values)
+                    for i in split.nodes if i not in self._fused]  # fmt: skip
         if not self.interpreted:
             for fn in launches:  # compile now (Triton's cache keeps it), not in a capture
                 fn(warmup=True)
         outputs = {i: values[i] for i in split.outputs}
         return TritonExecutable(split, inputs, outputs, launches, values)
 
-    def _lower(self, node: Node, out: Any, values: Mapping[int, Any]):
-        """A callable that enqueues ``node``'s kernel (``warmup=True``: only compile it)."""
+    def _quantize_reader(self, i: int, values: Mapping[int, Any]) -> Any:
+        """The value of a QUANTIZE of node ``i`` in the split, which ``i``'s launch then
+        writes too (marked fused), or None."""
+        for u in self._readers.get(i, []):
+            if self.graph_nodes[u].op is Op.QUANTIZE and u not in self._fused:
+                self._fused.add(u)
+                return values[u]
+        return None
+
+    def _lower(self, i: int, node: Node, out: Any, values: Mapping[int, Any]):
+        """A callable that enqueues node ``i``'s kernel (``warmup=True``: only compile it)."""
         src = [values[s] for s in node.src]
         n = int(np.prod(node.shape))
         k = self.k
@@ -259,9 +300,12 @@ class TritonBackend(GpuBackend):
             p = 1 << max(0, width - 1).bit_length()
             mul = node.op is Op.RMS_NORM_MUL
             weight = src[1] if mul else src[0]  # (read only with MUL)
-            return self._kernel(self.norm.rms_norm_f32, 0, out, src[0], weight, width,
+            q8 = self._quantize_reader(i, values)
+            parts = (out, out, out) if q8 is None else (q8.q, q8.d, q8.s)
+            return self._kernel(self.norm.rms_norm_f32, 0, out, *parts, src[0], weight, width,
                                 float(node.arg), grid=(rows,), MUL=mul, P=p,
-                                LOG=p.bit_length() - 1, block=False)  # fmt: skip
+                                LOG=p.bit_length() - 1, QUANT=q8 is not None,
+                                num_warps=NORM_WARPS, block=False)  # fmt: skip
         if node.op is Op.ROPE:
             arg = node.arg
             t = node.shape[0]
@@ -282,7 +326,7 @@ class TritonBackend(GpuBackend):
         if node.op in PRODUCTS:
             return self._products(node, out, src)
         if node.op is Op.ATTENTION:
-            return self._attention(node, out, src)
+            return self._attention(i, node, out, src, values)
         if node.op is Op.GET_ROWS:
             table = self.graph_nodes[node.src[0]]
             t, k = node.shape
@@ -299,14 +343,16 @@ class TritonBackend(GpuBackend):
         raise BackendError(f"triton cannot lower {node.op.name}")  # (supports_op said no)
 
     def _products(self, node: Node, out: Any, src: list[Any]):
-        """MATMUL, MATMUL_ADD (bias and residual in the epilogue) and MATMUL_SWIGLU (two
-        products into scratch, then SWIGLU); an F32 x of a quantized product is quantized into
-        scratch first."""
+        """MATMUL, MATMUL_ADD (bias and residual in the epilogue) and MATMUL_SWIGLU (both
+        products and SWIGLU in one launch; as two products into scratch, then SWIGLU, where the
+        weights' sub-blocks differ or the products are tiled GEMMs); an F32 x of a quantized
+        product is quantized into scratch first. Quantized weights are read repacked."""
         nodes = self.graph_nodes
         x_node = nodes[node.src[0]]
         t, k = x_node.shape
         steps = []
         xq = src[0] if x_node.dtype is DType.Q8A else None
+        tiled = self.numerics == "fast" and t >= FAST_GEMM_TOKENS
 
         def quantized_x():
             nonlocal xq
@@ -317,43 +363,41 @@ class TritonBackend(GpuBackend):
                                           BLOCKS=32, block=False))  # fmt: skip
             return xq
 
-        def product(y, wi, bias=None, res=None):
+        def product(y, wi, bias=None, res=None, up=None):
             w_node = nodes[node.src[wi]]
             n_out = w_node.shape[0]
             bn = PRODUCT_ROWS[self.interpreted]
-            grid = (t, self.triton.cdiv(n_out, bn))
+            grid = (self.triton.cdiv(n_out, bn), t)
             extra = dict(HAS_BIAS=bias is not None, HAS_RES=res is not None, BN=bn)
             bias = y if bias is None else bias
             res = y if res is None else res
             dtype = w_node.dtype
-            if self.numerics == "fast" and t >= FAST_GEMM_TOKENS:
+            if tiled:
                 bm, bn, bk = FAST_GEMM_TILE
                 grid = (self.triton.cdiv(t, bm), self.triton.cdiv(n_out, bn))
-                extra.update(BM=bm, BN=bn)
+                extra.update(BM=bm, BN=bn, num_warps=FAST_GEMM_WARPS, block=False)
                 if dtype.is_quantized:
-                    q = quantized_x()
+                    q, w = quantized_x(), self._packed_weight(node.src[wi])
                     steps.append(self._kernel(self.gemm_fast.gemm_q, 0, y, q.q, q.d, q.s,
-                                              src[wi], bias, res, t, k, n_out,
-                                              dtype.nbytes(k), grid=grid, TYPE=dtype.value,
-                                              L=16 if dtype is DType.Q6_K else 32,
-                                              num_warps=FAST_GEMM_WARPS, block=False,
+                                              w.q, w.a, w.m, bias, res, t, k, n_out,
+                                              grid=grid, MIN=w.min, L=w.sub,
                                               **extra))  # fmt: skip
                 else:
                     steps.append(self._kernel(self.gemm_fast.gemm_f, 0, y, src[0], src[wi],
                                               bias, res, t, k, n_out, dtype.nbytes(k),
                                               grid=grid, TYPE=dtype.value, BK=bk,
-                                              num_warps=FAST_GEMM_WARPS, block=False,
+                                              PRECISION=FAST_DOT_PRECISION,
                                               **extra))  # fmt: skip
             elif dtype.is_quantized:
-                q = quantized_x()
-                sub = 16 if dtype is DType.Q6_K else 32
-                p = 1 << max(0, k // sub - 1).bit_length()
-                g = min(p, PRODUCT_GROUP[self.interpreted] // sub)
-                steps.append(self._kernel(self.matmul.matmul_q, 0, y, q.q, q.d, q.s,
-                                          src[wi], bias, res, k, n_out, dtype.nbytes(k),
-                                          grid=grid, TYPE=dtype.value, L=sub, P=p,
-                                          LOG=p.bit_length() - 1, G=g,
-                                          LOGG=g.bit_length() - 1, block=False,
+                q, w = quantized_x(), self._packed_weight(node.src[wi])
+                u = w if up is None else self._packed_weight(node.src[up])
+                p = 1 << max(0, k // w.sub - 1).bit_length()
+                g = min(p, PRODUCT_GROUP[self.interpreted] // w.sub)
+                steps.append(self._kernel(self.matmul.matmul_q, 0, y, q.q, q.d, q.s, w.q, w.a,
+                                          w.m, u.q, u.a, u.m, bias, res, k, n_out, grid=grid,
+                                          MIN=w.min, L=w.sub, P=p, LOG=p.bit_length() - 1,
+                                          G=g, LOGG=g.bit_length() - 1, GLU=up is not None,
+                                          num_warps=PRODUCT_WARPS, block=False,
                                           **extra))  # fmt: skip
             else:
                 p = 1 << max(0, k - 1).bit_length()
@@ -365,6 +409,11 @@ class TritonBackend(GpuBackend):
                                           **extra))  # fmt: skip
 
         if node.op is Op.MATMUL_SWIGLU:
+            gate, up = (nodes[node.src[j]].dtype for j in (1, 2))
+            if not tiled and gate.is_quantized and up.is_quantized and (
+                    packed_kind(gate) == packed_kind(up)):  # fmt: skip
+                product(out, 1, up=2)
+                return self._sequence(steps)
             gate, up = (self.alloc(DType.F32, node.shape) for _ in range(2))
             product(gate, 1)
             product(up, 2)
@@ -377,14 +426,42 @@ class TritonBackend(GpuBackend):
             product(out, 1, bias, res)
         return self._sequence(steps)
 
-    def _attention(self, node: Node, out: Any, src: list[Any]):
+    def _packed_weight(self, i: int) -> Packed:
+        """Weight node ``i`` (quantized) repacked (kernels/dequant.py ``repack``) on its first
+        use by a product: its quants a byte each, its scales and mins as binary32, the same
+        values the products computed from the GGUF bytes. Once a weight, at prepare."""
+        node = self.graph_nodes[i]
+        if node.arg in self._packed:
+            return self._packed[node.arg]
+        n, k = node.shape
+        sub, minimum = packed_kind(node.dtype)
+        torch = self.rt.torch
+        what = f"weight {node.arg} (repacked for the products)"
+        q = self.rt.empty(torch.int8, (n, k), what)
+        a = self.rt.empty(torch.float32, (n, k // sub), what)
+        m = self.rt.empty(torch.float32, (n, k // sub), what) if minimum else a
+        rows, block = (64, 1 << max(0, k - 1).bit_length()) if self.interpreted else (8, 256)
+        block = max(block, sub)
+        launch = self._kernel(self.dequant.repack, 0, q, a, m, self._weights[node.arg], n, k,
+                              node.dtype.nbytes(k), grid=(self.triton.cdiv(n, rows),
+                              self.triton.cdiv(k, block)), TYPE=node.dtype.value, L=sub,
+                              HAS_MIN=bool(minimum), R=rows, BLOCK=block,
+                              block=False)  # fmt: skip
+        self._run([launch])
+        packed = self._packed[node.arg] = Packed(q, a, m, sub, minimum)
+        return packed
+
+    def _attention(self, i: int, node: Node, out: Any, src: list[Any], values):
         """ATTENTION in three launches (kernels/attention.py) over scratch for each (token,
         head, part of a chunk): the part's max score and its sums. A few tokens (a decode step)
-        take one sub-tile a program, for enough programs; more take a chunk a program."""
+        take one sub-tile a program, for enough programs; more take a chunk a program. The
+        last launch writes a QUANTIZE of the attention too."""
         arg = node.arg
         t, d = node.shape[0], arg.head_dim
         if self.numerics == "fast" and t >= FAST_ATTENTION_TOKENS:
             return self._flash_attention(node, out, src)
+        q8 = self._quantize_reader(i, values) if d % 32 == 0 else None
+        q8_parts = (out, out, out) if q8 is None else (q8.q, q8.d, q8.s)
         n_ctx = src[1].shape[0]
         tile, most = ATTENTION_TILE[self.interpreted]
         sub = max(16, min(most, tile // d))  # slots taken at a time
@@ -404,9 +481,10 @@ class TritonBackend(GpuBackend):
                          arg.n_head, group, kv_width, arg.window, arg.scale, n_parts, grid=grid,
                          LOGSUB=sub.bit_length() - 1, LOGPER=per.bit_length() - 1,
                          NPP=1 << max(0, n_parts - 1).bit_length(), **shape),
-            self._kernel(self.attention.fold, 0, out, dens, nums, positions, arg.n_head,
-                         arg.window, n_parts, grid=(t, arg.n_head), D=d, PARTS=parts,
-                         LOGPARTS=parts.bit_length() - 1, block=False),
+            self._kernel(self.attention.fold, 0, out, *q8_parts, dens, nums, positions,
+                         arg.n_head, arg.window, n_parts, grid=(t, arg.n_head), D=d,
+                         PARTS=parts, LOGPARTS=parts.bit_length() - 1, QUANT=q8 is not None,
+                         block=False),
         ]  # fmt: skip
         return self._sequence(steps)
 
@@ -414,13 +492,13 @@ class TritonBackend(GpuBackend):
         """Fast ATTENTION for a prefill: one launch of flash attention."""
         arg = node.arg
         t, d = node.shape[0], arg.head_dim
-        bm = bn = 32 if d <= 64 else 16  # (the IEEE dots' tiles in registers, unspilled)
+        bm = bn = FLASH_TILE[0] if d <= 64 else FLASH_TILE[1]  # (in registers, unspilled)
         q, k, v, positions = src
         return self._kernel(self.attention_fast.flash, 0, out, q, k, v, positions, t,
                             arg.n_head, arg.n_head // arg.n_head_kv, arg.n_head_kv * d,
                             arg.window, arg.scale, grid=(self.triton.cdiv(t, bm), arg.n_head),
-                            D=d, BM=bm, BN=bn, num_warps=FAST_GEMM_WARPS,
-                            block=False)  # fmt: skip
+                            D=d, BM=bm, BN=bn, PRECISION=FAST_DOT_PRECISION,
+                            num_warps=FAST_GEMM_WARPS, block=False)  # fmt: skip
 
     @staticmethod
     def _sequence(steps):
@@ -431,16 +509,26 @@ class TritonBackend(GpuBackend):
         return run
 
     def _kernel(self, kernel, n: int, *args, grid=None, block: bool = True, **constants):
-        """A launch over ``n`` elements in programs of BLOCK (or over ``grid``, without BLOCK)."""
+        """A launch over ``n`` elements in programs of BLOCK (or over ``grid``, without BLOCK).
+        On a GPU the warm-up keeps the compiled kernel, and launches call it directly with the
+        arguments in the kernel's order: Triton's JIT dispatch (binding, specialization key,
+        cache lookup) costs tens of microseconds a launch, which an eager prefill pays for
+        every kernel."""
         if grid is None:
             grid = (max(1, self.triton.cdiv(n, self.k.BLOCK)),)
         opts = dict(constants, enable_fp_fusion=False)
         if block:
             opts["BLOCK"] = self.k.BLOCK
+        compiled: list[Any] = []
 
         def launch(warmup: bool = False) -> None:
-            if warmup:
-                kernel.warmup(*args, grid=grid, **opts)
+            if compiled:
+                compiled[0](*compiled[1])
+            elif warmup:
+                named = dict(zip(kernel.arg_names, args, strict=False), **opts)
+                full = (*grid, 1, 1)[:3]  # (the compiled kernel's runner reads three)
+                run = kernel.warmup(*args, grid=grid, **opts)[full]
+                compiled.extend((run, [named[name] for name in kernel.arg_names]))
             else:
                 kernel[grid](*args, **opts)
 
@@ -454,15 +542,23 @@ class TritonBackend(GpuBackend):
         if executable.graph is not None:
             self.rt.replay(executable.graph)
             return
+        self._run(executable.launches)
+
+    def _run(self, launches) -> None:
+        """Enqueue ``launches`` on the runtime's stream (the interpreter: run them)."""
         if self.interpreted:  # (numpy's warnings on inf and NaN are the kernels' answers)
             with np.errstate(all="ignore"):
-                for fn in executable.launches:
+                for fn in launches:
                     fn()
             return
         torch = self.rt.torch
         with torch.cuda.device(self.rt.device), torch.cuda.stream(self.rt.stream):
-            for fn in executable.launches:
+            for fn in launches:
                 fn()
+
+    def close(self) -> None:
+        self._packed.clear()
+        super().close()
 
     def capture(self, executable: TritonExecutable) -> CaptureResult:
         if self.interpreted:

@@ -13,7 +13,8 @@ tokens) enough programs; one part a chunk keeps a prefill's scratch small.
    dimension the TREE of ``fl(e_j * v_ji)`` (+0.0 outside).
 3. ``fold``, one program per (token, head): per chunk the TREE of its parts' sums (``D_c`` and
    ``N_c``), then ``den = D_c0; den = fl(den + D_c) ...`` and the same for ``num``, left to
-   right from the first chunk holding a window position, then ``fl(num / den)``.
+   right from the first chunk holding a window position, then ``fl(num / den)`` (and, where a
+   QUANTIZE of the attention follows, its Q8A value).
 
 Parts that hold no position of the token's window exit at once and count as +0.0 (the grid
 covers every part of the cache, so one launch serves any position and a graph can be
@@ -28,6 +29,7 @@ import triton.language as tl
 
 from parity.backends.triton.kernels.elementwise import p_exp
 from parity.backends.triton.kernels.matmul import tree_rows
+from parity.backends.triton.kernels.rows import store_q8
 
 CHUNK = tl.constexpr(256)
 
@@ -121,8 +123,10 @@ def _chunk(dens, nums, row, c, lo, p, D: tl.constexpr, PARTS: tl.constexpr,
 
 
 @triton.jit
-def fold(out, dens, nums, positions, n_head, window, n_parts, D: tl.constexpr,
-         PARTS: tl.constexpr, LOGPARTS: tl.constexpr):  # fmt: skip
+def fold(out, yq, yd, ys, dens, nums, positions, n_head, window, n_parts, D: tl.constexpr,
+         PARTS: tl.constexpr, LOGPARTS: tl.constexpr, QUANT: tl.constexpr):  # fmt: skip
+    """With QUANT (D a multiple of 32) also the output's Q8A value (yq, yd, ys): a QUANTIZE of
+    the attention in the same launch."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     p, lo = _window(positions, t, window)
@@ -133,4 +137,7 @@ def fold(out, dens, nums, positions, n_head, window, n_parts, D: tl.constexpr,
         dc, nc = _chunk(dens, nums, row, c, lo, p, D, PARTS, LOGPARTS, SPAN)
         den = den + dc
         num = num + nc
-    tl.store(out + t * n_head * D + h * D + tl.arange(0, D), tl.math.div_rn(num, den))
+    y = tl.math.div_rn(num, den)
+    tl.store(out + t * n_head * D + h * D + tl.arange(0, D), y)
+    if QUANT:
+        store_q8(yq, yd, ys, tl.reshape(y, (D // 32, 32)), t, n_head * D, h * (D // 32), D // 32)

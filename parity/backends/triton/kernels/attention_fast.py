@@ -1,7 +1,8 @@
 """ATTENTION in ``fast`` numerics for many tokens (a prefill): flash attention with an online
 softmax. One program takes ``BM`` tokens of one head and walks the cache ``BN`` slots at a time
 from the lowest window start of its tokens to their highest position: scores as one
-``tl.dot`` (IEEE float32, no TF32), the running max and sum rescaled with ``tl.exp``, the
+``tl.dot`` (float32 to ``PRECISION``: "ieee", or "tf32x3", three TF32 products on the tensor
+cores, about as accurate; never plain TF32), the running max and sum rescaled with ``tl.exp``, the
 weighted values as a second ``tl.dot``, one division at the end. Slots outside a token's window
 ``lo .. p`` weigh +0.0; rows no token of the block sees are never loaded, so stale cache rows
 never count. (A row one token sees and another does not enters the second one's value product
@@ -17,7 +18,7 @@ import triton.language as tl
 
 @triton.jit
 def flash(out, q, k, v, positions, t, n_head, group, kv_width, window, scale, D: tl.constexpr,
-          BM: tl.constexpr, BN: tl.constexpr):  # fmt: skip
+          BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     h = tl.program_id(1)
     rm = rows < t
@@ -38,7 +39,7 @@ def flash(out, q, k, v, positions, t, n_head, group, kv_width, window, scale, D:
         jm = (j >= first) & (j < end)  # rows some token of the block sees
         at = j.to(tl.int64)[:, None] * kv_width + g * D + d[None, :]
         kt = tl.load(k + at, mask=jm[:, None], other=0.0)  # (BN, D)
-        s = tl.dot(qt, tl.trans(kt), input_precision="ieee") * scale  # (BM, BN)
+        s = tl.dot(qt, tl.trans(kt), input_precision=PRECISION) * scale  # (BM, BN)
         seen = (j[None, :] >= lo[:, None]) & (j[None, :] <= p[:, None]) & rm[:, None]
         s = tl.where(seen, s, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -47,7 +48,7 @@ def flash(out, q, k, v, positions, t, n_head, group, kv_width, window, scale, D:
         w = tl.where(seen, tl.exp(s - tl.where(none, 0.0, m_new)[:, None]), 0.0)
         l_i = l_i * alpha + tl.sum(w, 1)
         vt = tl.load(v + at, mask=jm[:, None], other=0.0)  # (BN, D)
-        acc = acc * alpha[:, None] + tl.dot(w, vt, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(w, vt, input_precision=PRECISION)
         m_i = m_new
     o = acc / l_i[:, None]
     tl.store(out + r0[:, None] * (n_head * D) + h * D + d[None, :], o, mask=rm[:, None])

@@ -138,3 +138,29 @@ def get_rows(out, w, ids, k, row_bytes, TYPE: tl.constexpr, BLOCK: tl.constexpr)
     row = tl.load(ids + t).to(tl.int64)
     e = tl.where(m, e, 0)  # (padding lanes read element 0, and store nothing)
     tl.store(out + t * k + e, dequant(w, row_bytes, row, e, TYPE), mask=m)
+
+
+@triton.jit
+def repack(q, a, m, w, n_rows, k, row_bytes, TYPE: tl.constexpr, L: tl.constexpr,
+           HAS_MIN: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """A quantized weight in the layout the products read: ``q`` its integer quants (int8, one
+    a byte, row-major N x K), ``a`` and ``m`` each sub-block's binary32 scale and min (N x K/L,
+    ``m`` only with HAS_MIN): the values ``quants`` and ``scales`` give, so a product reading
+    them computes the same bits, with loads that are contiguous and aligned. One program per
+    R rows x BLOCK elements (BLOCK a multiple of L)."""
+    row = tl.program_id(0).to(tl.int64) * R + tl.arange(0, R)
+    rm = row < n_rows
+    row0 = tl.where(rm, row, 0)
+    e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    em = e < k
+    e0 = tl.where(em, e, 0)
+    qv = quants(w, row_bytes, row0[:, None], e0[None, :], TYPE)
+    tl.store(q + row0[:, None] * k + e[None, :], qv.to(tl.int8), mask=rm[:, None] & em[None, :])
+    S: tl.constexpr = BLOCK // L
+    s = tl.program_id(1) * S + tl.arange(0, S)
+    sm = s < k // L
+    av, mv = scales(w, row_bytes, row0[:, None], tl.where(sm, s, 0)[None, :], TYPE)
+    at = row0[:, None] * (k // L) + s[None, :]
+    tl.store(a + at, av, mask=rm[:, None] & sm[None, :])
+    if HAS_MIN:
+        tl.store(m + at, mv, mask=rm[:, None] & sm[None, :])

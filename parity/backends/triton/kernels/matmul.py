@@ -1,5 +1,6 @@
 """MATMUL in ``exact`` numerics (docs/numerics.md, "MATMUL"), with MATMUL_ADD's bias and residual
-as its epilogue. One program computes ``BN`` outputs ``y[t, n0 .. n0 + BN)`` of one token:
+as its epilogue. One program computes ``BN`` outputs ``y[t, n0 .. n0 + BN)`` of one token
+(program ids: rows, then tokens):
 
 - quantized W, ``G`` sub-blocks at a time: per sub-block ``s`` the exact integer ``isum_s`` of
   the weight's quants and x's Q8 quants (``tl.sum`` over int32: exact in any order), then
@@ -18,7 +19,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from parity.backends.triton.kernels.dequant import Q4_1, Q4_K, dequant, quants, scales
+from parity.backends.triton.kernels.dequant import dequant
+from parity.backends.triton.kernels.elementwise import p_silu
+
+# a product's min term: none (Q4_0, Q5_0, Q8_0, Q6_K), + m * s_x (Q4_1), - m * s_x (Q4_K)
+NO_MIN = tl.constexpr(0)
+PLUS_MIN = tl.constexpr(1)
+MINUS_MIN = tl.constexpr(2)
 
 
 @triton.jit
@@ -40,38 +47,57 @@ def _epilogue(y, v, bias, res, t, n, nm, n_out, HAS_BIAS: tl.constexpr, HAS_RES:
 
 
 @triton.jit
-def matmul_q(y, xq, xd, xs, w, bias, res, k, n_out, row_bytes, TYPE: tl.constexpr,
+def _group_tree(xq, xd, xs, wq, wa, wm, t, k, n0, i, MIN: tl.constexpr, L: tl.constexpr,
+                G: tl.constexpr, LOGG: tl.constexpr, BN: tl.constexpr):  # fmt: skip
+    """The TREE of group ``i``'s G sub-block terms (+0.0 past the last sub-block) of the rows
+    ``n0`` of a repacked weight (dequant.repack): (BN,)."""
+    nsub = k // L
+    s = i * G + tl.arange(0, G)
+    sm = s < nsub
+    s0 = tl.where(sm, s, 0)
+    e = s0[:, None] * L + tl.arange(0, L)[None, :]  # (G, L) element indices
+    live = sm[:, None]  # (past the last sub-block: no loads)
+    qx = tl.load(xq + t * k + e, mask=live, other=0).to(tl.int32)
+    qw = tl.load(wq + n0[:, None, None] * k + e[None, :, :], mask=live[None, :, :], other=0)
+    qw = qw.to(tl.int32)  # (BN, G, L)
+    isum = tl.sum(qw * qx[None, :, :], 2)  # (BN, G), exact
+    b = (s0 * L) // 32  # the activation block of each sub-block
+    dx = tl.load(xd + t * (k // 32) + b)
+    at = n0[:, None] * nsub + s0[None, :]
+    term = (tl.load(wa + at) * dx[None, :]) * isum.to(tl.float32)
+    if MIN == PLUS_MIN:
+        term = term + tl.load(wm + at) * tl.load(xs + t * (k // 32) + b)[None, :]
+    elif MIN == MINUS_MIN:
+        term = term - tl.load(wm + at) * tl.load(xs + t * (k // 32) + b)[None, :]
+    return tree_rows(tl.where(sm[None, :], term, 0.0), BN, G, LOGG)
+
+
+@triton.jit
+def matmul_q(y, xq, xd, xs, wq, wa, wm, uq, ua, um, bias, res, k, n_out, MIN: tl.constexpr,
              L: tl.constexpr, P: tl.constexpr, LOG: tl.constexpr, G: tl.constexpr,
              LOGG: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
-             HAS_RES: tl.constexpr):  # fmt: skip
-    """y[t, n] for a quantized W (L elements a sub-block, P = next_pow2(K / L) = 2^LOG), G =
-    2^LOGG sub-blocks at a time: the TREE of P terms is the TREE of the P / G groups' TREEs."""
-    t = tl.program_id(0).to(tl.int64)
-    n = tl.program_id(1).to(tl.int64) * BN + tl.arange(0, BN)
+             HAS_RES: tl.constexpr, GLU: tl.constexpr):  # fmt: skip
+    """y[t, n] for a repacked quantized W (L elements a sub-block, P = next_pow2(K / L) =
+    2^LOG), G = 2^LOGG sub-blocks at a time: the TREE of P terms is the TREE of the P / G
+    groups' TREEs (groups past the last sub-block are +0.0 and not computed). With GLU, a
+    second product by U (same L and MIN) and ``y = fl(silu(x W) * x U)``: MATMUL_SWIGLU."""
+    t = tl.program_id(1).to(tl.int64)  # (rows on axis 0, whose grid may exceed 65535)
+    n = tl.program_id(0).to(tl.int64) * BN + tl.arange(0, BN)
     nm = n < n_out
     n0 = tl.where(nm, n, 0)
     NG: tl.constexpr = P // G
     groups = tl.arange(0, NG)
     parts = tl.zeros((BN, NG), tl.float32)
-    for i in range(0, NG):
-        s = i * G + tl.arange(0, G)
-        sm = s < k // L
-        s0 = tl.where(sm, s, 0)
-        e = s0[:, None] * L + tl.arange(0, L)[None, :]  # (G, L) element indices
-        qx = tl.load(xq + t * k + e).to(tl.int32)  # (G, L)
-        qw = quants(w, row_bytes, n0[:, None, None], e[None, :, :], TYPE)  # (BN, G, L)
-        isum = tl.sum(qw * qx[None, :, :], 2)  # (BN, G), exact
-        b = (s0 * L) // 32  # the activation block of each sub-block
-        dx = tl.load(xd + t * (k // 32) + b)
-        a, m = scales(w, row_bytes, n0[:, None], s0[None, :], TYPE)  # (BN, G)
-        term = (a * dx[None, :]) * isum.to(tl.float32)
-        if TYPE == Q4_1:
-            term = term + m * tl.load(xs + t * (k // 32) + b)[None, :]
-        elif TYPE == Q4_K:
-            term = term - m * tl.load(xs + t * (k // 32) + b)[None, :]
-        term = tl.where(sm[None, :], term, 0.0)
-        parts = tl.where(groups[None, :] == i, tree_rows(term, BN, G, LOGG)[:, None], parts)
+    up = tl.zeros((BN, NG), tl.float32)
+    for i in range(0, tl.cdiv(k // L, G)):
+        g = _group_tree(xq, xd, xs, wq, wa, wm, t, k, n0, i, MIN, L, G, LOGG, BN)
+        parts = tl.where(groups[None, :] == i, g[:, None], parts)
+        if GLU:
+            u = _group_tree(xq, xd, xs, uq, ua, um, t, k, n0, i, MIN, L, G, LOGG, BN)
+            up = tl.where(groups[None, :] == i, u[:, None], up)
     v = tree_rows(parts, BN, NG, LOG - LOGG)
+    if GLU:
+        v = p_silu(v) * tree_rows(up, BN, NG, LOG - LOGG)
     _epilogue(y, v, bias, res, t, n, nm, n_out, HAS_BIAS, HAS_RES)
 
 
@@ -81,8 +107,8 @@ def matmul_f(y, x, w, bias, res, k, n_out, row_bytes, TYPE: tl.constexpr, P: tl.
              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):  # fmt: skip
     """y[t, n] for a float W (F32, F16, BF16): the TREE of fl(x_k * w_k), P = next_pow2(K), G
     elements at a time."""
-    t = tl.program_id(0).to(tl.int64)
-    n = tl.program_id(1).to(tl.int64) * BN + tl.arange(0, BN)
+    t = tl.program_id(1).to(tl.int64)  # (rows on axis 0, whose grid may exceed 65535)
+    n = tl.program_id(0).to(tl.int64) * BN + tl.arange(0, BN)
     nm = n < n_out
     n0 = tl.where(nm, n, 0)
     NG: tl.constexpr = P // G

@@ -11,6 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from parity.backends.triton.kernels.rows import store_q8
+
 
 @triton.jit
 def tree_sum(x, P: tl.constexpr, LOG: tl.constexpr):
@@ -22,8 +24,10 @@ def tree_sum(x, P: tl.constexpr, LOG: tl.constexpr):
 
 
 @triton.jit
-def rms_norm_f32(out, x, w, width, eps, MUL: tl.constexpr, P: tl.constexpr, LOG: tl.constexpr):
-    """out = fl(x * scale) per row (MUL: fl(fl(x * scale) * w)), scale = 1 / sqrt(mean + eps)."""
+def rms_norm_f32(out, q, d, s, x, w, width, eps, MUL: tl.constexpr, P: tl.constexpr,
+                 LOG: tl.constexpr, QUANT: tl.constexpr):  # fmt: skip
+    """out = fl(x * scale) per row (MUL: fl(fl(x * scale) * w)), scale = 1 / sqrt(mean + eps);
+    with QUANT also out's Q8A value (q, d, s): a QUANTIZE of the norm in the same launch."""
     row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, P)
     m = i < width
@@ -36,3 +40,5 @@ def rms_norm_f32(out, x, w, width, eps, MUL: tl.constexpr, P: tl.constexpr, LOG:
     if MUL:
         y = y * tl.load(w + i, mask=m)
     tl.store(out + row * width + i, y, mask=m)
+    if QUANT:  # (width is a multiple of 32: the blocks past it are padding only)
+        store_q8(q, d, s, tl.reshape(y, (P // 32, 32)), row, width, 0, P // 32)

@@ -74,17 +74,10 @@ def argmax_f32(out, x, width, NBLK: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def quantize_q8(q, d, s, x, k, nb, BLOCKS: tl.constexpr):
-    """Q8A quantization of ``BLOCKS`` 32-element blocks of one row per program (docs/numerics.md,
-    "Activation quantization"): d = fl(amax / 127), q = round-half-away(fl(x / d)) clamped to
-    [-127, 127] (0 where d is 0 or the quotient NaN), s = fl(d * sum(q))."""
-    row = tl.program_id(0).to(tl.int64)
-    b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
-    e = tl.arange(0, 32)
-    inside = b < nb
-    idx = row * k + b[:, None] * 32 + e[None, :]
-    m = inside[:, None]
-    v = tl.load(x + idx, mask=m, other=0.0)
+def q8_blocks(v):
+    """Q8A quantization of the rows of ``v`` (blocks of 32, docs/numerics.md, "Activation
+    quantization"): d = fl(amax / 127), q = round-half-away(fl(x / d)) clamped to [-127, 127]
+    (0 where d is 0 or the quotient NaN), s = fl(d * sum(q)). Returns (q as int32, d, s)."""
     has_nan = tl.max((v != v).to(tl.int32), 1) > 0
     amax = tl.where(has_nan, float("nan"), tl.max(tl.abs(v), 1))
     dq = tl.math.div_rn(amax, 127.0)
@@ -96,7 +89,32 @@ def quantize_q8(q, d, s, x, k, nb, BLOCKS: tl.constexpr):
     r = whole + ((a - whole.to(tl.float32)) >= 0.5).to(tl.int32)  # a - whole is exact
     r = tl.minimum(r, 127)
     qi = tl.where(quot < 0.0, -r, r)
-    tl.store(q + idx, qi.to(tl.int8), mask=m)
     total = tl.sum(qi, 1)  # exact: at most 32 * 127
+    return qi, dq, dq * total.to(tl.float32)
+
+
+@triton.jit
+def store_q8(q, d, s, v, row, k, b0, NB: tl.constexpr):
+    """Blocks ``b0 .. b0 + NB`` of the Q8A value of row ``row`` (k elements) from ``v``, their
+    elements as (NB, 32); blocks past k // 32 are not stored."""
+    b = b0 + tl.arange(0, NB)
+    inside = b < k // 32
+    qi, dq, sq = q8_blocks(v)
+    tl.store(q + row * k + b[:, None] * 32 + tl.arange(0, 32)[None, :], qi.to(tl.int8),
+             mask=inside[:, None])  # fmt: skip
+    tl.store(d + row * (k // 32) + b, dq, mask=inside)
+    tl.store(s + row * (k // 32) + b, sq, mask=inside)
+
+
+@triton.jit
+def quantize_q8(q, d, s, x, k, nb, BLOCKS: tl.constexpr):
+    """Q8A quantization (``q8_blocks``) of ``BLOCKS`` 32-element blocks of one row a program."""
+    row = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
+    inside = b < nb
+    idx = row * k + b[:, None] * 32 + tl.arange(0, 32)[None, :]
+    m = inside[:, None]
+    qi, dq, sq = q8_blocks(tl.load(x + idx, mask=m, other=0.0))
+    tl.store(q + idx, qi.to(tl.int8), mask=m)
     tl.store(d + row * nb + b, dq, mask=inside)
-    tl.store(s + row * nb + b, dq * total.to(tl.float32), mask=inside)
+    tl.store(s + row * nb + b, sq, mask=inside)
