@@ -80,6 +80,17 @@ GPU_TILING = """
 import parity.backends.triton.backend as b
 b.PRODUCT_ROWS[True], b.PRODUCT_GROUP[True], b.ATTENTION_TILE[True] = (
     b.PRODUCT_ROWS[False], b.PRODUCT_GROUP[False], b.ATTENTION_TILE[False])
+b.ATTENTION_SPLIT_TOKENS = 1  # (2 tokens take a prefill's path: the interpreter's time)
+merged = []  # each prepared split's groups of ROPEs and KV_WRITEs launched as one
+_groups = b.TritonBackend._rope_kv_groups
+
+
+def _recorded(self, split):
+    merged.append(_groups(self, split))
+    return merged[-1]
+
+
+b.TritonBackend._rope_kv_groups = _recorded
 """
 
 
@@ -87,21 +98,27 @@ b.PRODUCT_ROWS[True], b.PRODUCT_GROUP[True], b.ATTENTION_TILE[True] = (
 def test_the_gpus_tiling_gives_the_same_bits_in_the_interpreter():
     """The interpreter takes a product's K and an attention chunk in one step; the GPU takes
     them in groups and sub-tiles (the same TREE, level for level): products of K 512, 576 and
-    896 (one group) and 4864 (several), attention over two chunks, GQA and a window, a decode
-    step's parts of a chunk (one sub-tile a program) and a prefill's chunks (a loop over
-    sub-tiles), heads of 64 and 256."""
+    896 (one group) and 4864 (several, quantized and float), attention over two chunks, GQA
+    and windows, a decode step's parts of a chunk (one sub-tile a program) and a prefill's
+    chunks (a loop over sub-tiles, here from 2 tokens on), heads of 64 and 256, after the
+    ROPEs and KV_WRITEs launched as one."""
     wanted = ["matmul-Q4_1-192x576-t1", "matmul-Q5_0-128x896-t1", "matmul-q8x-Q4_K-48x512-t7",
               "matmul-q8x-Q6_K-48x512-t7", "matmul_add-F16-48x512-t5",
-              "matmul-q8x-Q4_K-896x4864-t1", "matmul_add-Q6_K-896x4864-t1",
-              "attention-9x3x64-p300-t1", "attention-window7-9x3x64-p250-t20",
-              "attention-window512-4x1x256-p767-t1"]  # fmt: skip
+              "matmul-q8x-Q4_K-48x4864-t1", "matmul_add-Q6_K-48x4864-t1",
+              "matmul_add-F16-48x4864-t1", "attention-9x3x64-p300-t1",
+              "attention-9x3x64-p511-t2", "attention-window1-9x3x64-p5-t3",
+              "attention-window512-4x1x256-p767-t1", "attention-rope-normal64-9x3x64-p40-t1",
+              "attention-rope-neox128-4x1x256-p300-t2"]  # fmt: skip
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
-    run = subprocess.run([sys.executable, "-c", GPU_TILING + JUDGE, json.dumps(wanted)],
+    script = GPU_TILING + JUDGE + "print(sum(map(len, merged)))"
+    run = subprocess.run([sys.executable, "-c", script, json.dumps(wanted)],
                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
-    results = json.loads(run.stdout.splitlines()[-1])
+    *_, line, groups = run.stdout.splitlines()
+    results = json.loads(line)
     assert sorted(r["case"] for r in results) == sorted(wanted)
     assert all(r["result"] == "exact" for r in results), results
+    assert int(groups) >= 2  # the two attention-rope cases' layers, each in one launch
 
 
 FAST_CASES = [  # products and attention of 16 tokens or more: the fast kernels' cases
@@ -173,6 +190,11 @@ KERNELS = [  # (module, kernel, signature, constexprs)
      {"out": "*fp32", "x": "*fp32", "positions": "*i32", "cos": "*fp32", "sin": "*fp32",
       "n_head": "i32", "head_dim": "i32", "half": "i32", "width": "i32"},
      {"NEOX": True, "BLOCK": 64}),
+    ("rows", "rope_kv_f32",
+     {"q_out": "*fp32", "q": "*fp32", "k_out": "*fp32", "k": "*fp32", "v": "*fp32",
+      "k_cache": "*fp32", "v_cache": "*fp32", "positions": "*i32", "cos": "*fp32",
+      "sin": "*fp32", "n_head": "i32", "n_kv": "i32", "head_dim": "i32", "half": "i32"},
+     {"NEOX": False, "BLOCK": 256}),
     ("rows", "kv_write_f32", {"cache": "*fp32", "rows": "*fp32", "positions": "*i32",
                               "width": "i32"}, {"BLOCK": 1024}),
     ("rows", "argmax_f32", {"out": "*i32", "x": "*fp32", "width": "i32"},

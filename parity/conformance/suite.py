@@ -176,10 +176,13 @@ def _attention(
     n_ctx: int,
     window: int = 0,
     special: bool = True,
+    rope: tuple[str, int] | None = None,
 ):
     """Tokens at positions start..start+t-1 attend over a cache whose earlier rows hold
     history and whose later rows hold SENTINEL; with a sliding ``window``, so do the rows
-    before the first one any of the tokens reads. ``special``: values hold SPECIAL too."""
+    before the first one any of the tokens reads. ``special``: values hold SPECIAL too.
+    ``rope`` (mode, n_rot): the new k and q rotated first, as a decoder's layer does (a
+    backend may launch the ROPEs and KV_WRITEs as one)."""
 
     def make(g: _Builder) -> Ref:
         width = n_kv * head_dim
@@ -196,9 +199,16 @@ def _attention(
         pos = g.input("pos", np.arange(start, start + t, dtype=np.int32))
         k = g.input("k_new", activations(g.rng, (t, width), special=False))
         v = g.input("v_new", activations(g.rng, (t, width), special=special))
+        if rope:
+            mode, n_rot = rope
+            tables = zip(("cos", "sin"), rope_tables(n_ctx, n_rot, 10000.0), strict=True)
+            cos, sin = (g.weight(n, F32, a.shape, a) for n, a in tables)
+            k = g.op(Op.ROPE, k, pos, cos, sin, arg=RopeArg(n_kv, head_dim, n_rot, mode))
         kc = g.op(Op.KV_WRITE, caches[0], k, pos)
         vc = g.op(Op.KV_WRITE, caches[1], v, pos)
         q = g.input("q", activations(g.rng, (t, n_head * head_dim), special=False))
+        if rope:
+            q = g.op(Op.ROPE, q, pos, cos, sin, arg=RopeArg(n_head, head_dim, n_rot, mode))
         scale = float(np.float32(1 / np.sqrt(head_dim)))
         arg = AttentionArg(n_head, n_kv, head_dim, scale, window)
         return g.op(Op.ATTENTION, q, kc, vc, pos, arg=arg)
@@ -461,6 +471,20 @@ def op_suite() -> list[CaseSpec]:
         )
     specs.append(_spec("rope-neox-partial-9x64-rot32", Op.ROPE, F32,
                        _rope(9, 64, 32, "neox", 512, 10000.0)))  # fmt: skip
+    # a layer's ROPEs, KV_WRITEs and ATTENTION as a decoder writes them: both modes, GQA,
+    # a partial rotation with heads of 256
+    for heads, mode, n_rot, start, t in (((9, 3, 64), "normal", 64, 40, 1),
+                                          ((14, 2, 64), "neox", 64, 40, 7),
+                                          ((4, 1, 256), "neox", 128, 300, 2)):  # fmt: skip
+        name = "x".join(map(str, heads))
+        specs.append(
+            _spec(
+                f"attention-rope-{mode}{n_rot}-{name}-p{start}-t{t}",
+                Op.ATTENTION,
+                F32,
+                _attention(*heads, start, t, 512, rope=(mode, n_rot)),
+            )
+        )
     for width in (1000, 49152):
         specs.append(_spec(f"argmax-{width}", Op.ARGMAX, F32, _argmax(width)))
     specs += fused_suite()
@@ -503,6 +527,12 @@ def fused_suite() -> list[CaseSpec]:
     for gate, up in ((DType.Q8_0, DType.F16), (DType.F16, DType.Q4_K)):  # x quantized for one
         add(f"matmul_swiglu-mixed-{gate.name}-{up.name}-48x512-t3", Op.MATMUL_SWIGLU, gate,
             _matmul_swiglu(gate, 48, 512, 3, up=up))  # fmt: skip
+    # long rows in few: a K of several of a GPU product's groups (2,048 elements), the last
+    # one partial, with mins, with 16-element sub-blocks, in float
+    add("matmul-q8x-Q4_K-48x4864-t1", Op.MATMUL, DType.Q4_K, _matmul_q8(DType.Q4_K, 48, 4864, 1))
+    for dtype in (DType.Q6_K, DType.F16):
+        add(f"matmul_add-{dtype.name}-48x4864-t1", Op.MATMUL_ADD, dtype,
+            _matmul_add(dtype, 48, 4864, 1))  # fmt: skip
     # the real down projections with their residuals, and gate/up with their SWIGLU
     for dtype, n, k in (
         (DType.Q4_1, smollm.n_embd, smollm.n_ff),

@@ -13,6 +13,15 @@ prefers cuda on a GPU (score 90 against cuda's 100: cuda is exact on every op to
 benchmarks in docs/perf.md, faster); the interpreter's device scores -1, below the cpu oracle,
 so it is only used when asked for.
 
+Quantized weights are repacked when a split is prepared (kernels/dequant.py ``repack``: a byte a
+quant, binary32 scales and mins, about 1.2 bytes a weight beside the raw GGUF bytes, which
+GET_ROWS keeps reading), so a product's program loads whole aligned rows.
+
+Some launches do the work of several nodes, with the same operations and so the same bits: a
+norm or an attention quantizes its output for the products that read it, gate and up take one
+launch with their SWIGLU, and a layer's two ROPEs and two KV_WRITEs are one launch
+(``_rope_kv_groups``).
+
 Kernels are compiled when a split is prepared (Triton's own cache keeps them across runs),
 never inside a capture.
 """
@@ -255,6 +264,9 @@ class TritonBackend(GpuBackend):
             for s in graph.nodes[i].src:
                 self._readers.setdefault(s, []).append(i)
         self._fused: set[int] = set()  # nodes an earlier launch computes too
+        self._rope_kv = self._rope_kv_groups(split)
+        for last, group in self._rope_kv.items():
+            self._fused.update(set(group) - {last})  # (launched with the group's last node)
         launches = [self._lower(i, graph.nodes[i], values[i], values)
                     for i in split.nodes if i not in self._fused]  # fmt: skip
         if not self.interpreted:
@@ -262,6 +274,53 @@ class TritonBackend(GpuBackend):
                 fn(warmup=True)
         outputs = {i: values[i] for i in split.outputs}
         return TritonExecutable(split, inputs, outputs, launches, values)
+
+    def _rope_kv_groups(self, split: Split) -> dict[int, tuple[int, ...]]:
+        """Each attention's ROPE of q, ROPE of k, KV_WRITE of k and KV_WRITE of v, launched as
+        one kernel (rows.rope_kv_f32) at the last of the four, by that node's index (the group
+        in that order): where the two
+        ROPEs share positions and tables with the writes, the caches are as wide as k, and no
+        other node reads the four's values before that point."""
+        nodes = self.graph_nodes
+        order = {i: j for j, i in enumerate(split.nodes)}
+        groups: dict[int, tuple[int, ...]] = {}
+        for i in split.nodes:
+            node = nodes[i]
+            if node.op is not Op.ATTENTION:
+                continue
+            rq, kw, vw = node.src[:3]
+            if not all(j in order for j in (rq, kw, vw)):
+                continue
+            rk = nodes[kw].src[1]
+            if rk not in order or nodes[rq].op is not Op.ROPE or nodes[rk].op is not Op.ROPE:
+                continue
+            a, b = nodes[rq], nodes[rk]
+            same = (a.src[1:] == b.src[1:] and a.src[1] == nodes[kw].src[2] == nodes[vw].src[2]
+                    and attrs.evolve(a.arg, n_head=b.arg.n_head) == b.arg
+                    and nodes[kw].shape[1:] == nodes[vw].shape[1:] == b.shape[1:])  # fmt: skip
+            members = (rq, rk, kw, vw)
+            last = max(members, key=order.__getitem__)
+            early = [u for m in members for u in self._readers.get(m, [])
+                     if u not in members and order.get(u, len(order)) < order[last]]  # fmt: skip
+            if same and not early:
+                groups[last] = members
+        return groups
+
+    def _rope_kv_launch(self, group: tuple[int, ...], values: Mapping[int, Any]):
+        """The launch of a group of ``_rope_kv_groups``: (ROPE q, ROPE k, KV_WRITE k and v)."""
+        nodes = self.graph_nodes
+        rq, rk, kw, vw = group
+        q, k = nodes[rq], nodes[rk]
+        arg = q.arg
+        t = q.shape[0]
+        _, pos, cos, sin = (values[s] for s in q.src)
+        block = 1 << max(0, arg.head_dim - 1).bit_length()
+        heads = arg.n_head + 2 * k.arg.n_head
+        return self._kernel(self.rows.rope_kv_f32, 0, values[rq], values[q.src[0]], values[rk],
+                            values[k.src[0]], values[nodes[vw].src[1]], values[kw],
+                            values[vw], pos, cos, sin, arg.n_head, k.arg.n_head,
+                            arg.head_dim, arg.n_rot // 2, grid=(t, heads),
+                            NEOX=arg.mode == "neox", BLOCK=block, block=False)  # fmt: skip
 
     def _quantize_reader(self, i: int, values: Mapping[int, Any]) -> Any:
         """The value of a QUANTIZE of node ``i`` in the split, which ``i``'s launch then
@@ -274,6 +333,8 @@ class TritonBackend(GpuBackend):
 
     def _lower(self, i: int, node: Node, out: Any, values: Mapping[int, Any]):
         """A callable that enqueues node ``i``'s kernel (``warmup=True``: only compile it)."""
+        if i in self._rope_kv:
+            return self._rope_kv_launch(self._rope_kv[i], values)
         src = [values[s] for s in node.src]
         n = int(np.prod(node.shape))
         k = self.k

@@ -12,30 +12,66 @@ import triton.language as tl
 
 
 @triton.jit
-def rope_f32(out, x, positions, cos, sin, n_head, head_dim, half, width,
-             NEOX: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
-    """One program per (token, head): x0' = fl(fl(x0 c) - fl(x1 s)), x1' = fl(fl(x0 s) +
-    fl(x1 c)) over the n_rot = 2 half rotated dims, the rest copied."""
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    p = tl.load(positions + t).to(tl.int64)
-    base = t * width + h * head_dim
+def _rope_head(out, x, src, dst, p, cos, sin, half, head_dim, NEOX: tl.constexpr,
+               BLOCK: tl.constexpr):  # fmt: skip
+    """One head of ROPE, read at ``x + src``, written at ``out + dst``: x0' = fl(fl(x0 c) -
+    fl(x1 s)), x1' = fl(fl(x0 s) + fl(x1 c)) over the n_rot = 2 half rotated dims, the rest
+    copied."""
     d = tl.arange(0, BLOCK)
     keep = d < head_dim
-    v = tl.load(x + base + d, mask=keep)
-    tl.store(out + base + d, v, mask=keep & (d >= 2 * half))  # dims past n_rot pass through
+    v = tl.load(x + src + d, mask=keep)
+    tl.store(out + dst + d, v, mask=keep & (d >= 2 * half))  # dims past n_rot pass through
     i = tl.arange(0, BLOCK)
     m = i < half
     if NEOX:
         i0, i1 = i, i + half
     else:
         i0, i1 = 2 * i, 2 * i + 1
-    x0 = tl.load(x + base + i0, mask=m)
-    x1 = tl.load(x + base + i1, mask=m)
+    x0 = tl.load(x + src + i0, mask=m)
+    x1 = tl.load(x + src + i1, mask=m)
     c = tl.load(cos + p * half + i, mask=m)
     s = tl.load(sin + p * half + i, mask=m)
-    tl.store(out + base + i0, x0 * c - x1 * s, mask=m)
-    tl.store(out + base + i1, x0 * s + x1 * c, mask=m)
+    tl.store(out + dst + i0, x0 * c - x1 * s, mask=m)
+    tl.store(out + dst + i1, x0 * s + x1 * c, mask=m)
+
+
+@triton.jit
+def rope_f32(out, x, positions, cos, sin, n_head, head_dim, half, width,
+             NEOX: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """ROPE, one program per (token, head)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    p = tl.load(positions + t).to(tl.int64)
+    base = t * width + h * head_dim
+    _rope_head(out, x, base, base, p, cos, sin, half, head_dim, NEOX, BLOCK)
+
+
+@triton.jit
+def rope_kv_f32(q_out, q, k_out, k, v, k_cache, v_cache, positions, cos, sin, n_head, n_kv,
+                head_dim, half, NEOX: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """A layer's ROPE of q and of k and its two KV_WRITEs in one launch, one program per
+    (token, head of q, k or v): q's heads rotated into ``q_out``; k's into ``k_out`` and
+    into the cache row ``positions[t]``; v's copied into theirs. The same operations as the
+    four launches, so the same bits."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    p = tl.load(positions + t).to(tl.int64)
+    kv_width = n_kv * head_dim
+    if h < n_head:
+        base = t * (n_head * head_dim) + h * head_dim
+        _rope_head(q_out, q, base, base, p, cos, sin, half, head_dim, NEOX, BLOCK)
+    elif h < n_head + n_kv:
+        col = (h - n_head) * head_dim
+        _rope_head(k_out, k, t * kv_width + col, t * kv_width + col, p, cos, sin, half,
+                   head_dim, NEOX, BLOCK)  # fmt: skip
+        _rope_head(k_cache, k, t * kv_width + col, p * kv_width + col, p, cos, sin, half,
+                   head_dim, NEOX, BLOCK)  # fmt: skip
+    else:
+        col = (h - n_head - n_kv) * head_dim
+        d = tl.arange(0, BLOCK)
+        m = d < head_dim
+        tl.store(v_cache + p * kv_width + col + d, tl.load(v + t * kv_width + col + d, mask=m),
+                 mask=m)  # fmt: skip
 
 
 @triton.jit
