@@ -48,5 +48,7 @@ def test_cpu_numpy_kernels_match_the_definition(spec):
     """The cpu backend's numpy kernels (the definition, the tiled attention, one quantization
     for products that share an x) give the definition's bits, its buffers guarded."""
     result = judge(lambda: CpuBackend(Device("cpu"), kernels="numpy"), spec.build())
+    if result.verdict == "unsupported":  # a pattern whose fusion the numpy kernels don't make
+        pytest.skip(result.explain())
     assert result.verdict == "exact", result.explain()
     assert result.guarded
