@@ -277,10 +277,9 @@ class TritonBackend(GpuBackend):
 
     def _rope_kv_groups(self, split: Split) -> dict[int, tuple[int, ...]]:
         """Each attention's ROPE of q, ROPE of k, KV_WRITE of k and KV_WRITE of v, launched as
-        one kernel (rows.rope_kv_f32) at the last of the four, by that node's index (the group
-        in that order): where the two
-        ROPEs share positions and tables with the writes, the caches are as wide as k, and no
-        other node reads the four's values before that point."""
+        one kernel (rows.rope_kv_f32) at the last of the four, keyed by that node (the group
+        in that order): where the two ROPEs share positions and tables with the writes, the
+        caches are as wide as k, and no other node reads the four's values before then."""
         nodes = self.graph_nodes
         order = {i: j for j, i in enumerate(split.nodes)}
         groups: dict[int, tuple[int, ...]] = {}
