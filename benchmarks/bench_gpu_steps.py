@@ -108,6 +108,7 @@ def main() -> None:
         decode = main_split.executable
         for what, exe in (("decode", decode), ("prefill512", pstep._splits[0].eager)):
             print(what, json.dumps(kernel_times(exe, backend, torch)))
+        print("prefill512_ms_events", round(events(pstep._splits[0].eager) * 1e3, 4))
     print(json.dumps({
         "model": model.name, "backend": backend.device.id, "ctx": args.ctx,
         "splits": len(splits), "fallbacks": len(step.plan.fallbacks),

@@ -277,6 +277,8 @@ def _ptx(module: str, name: str, signature: dict, constants: dict) -> str:
     from triton.compiler import ASTSource
 
     fn = getattr(importlib.import_module(f"parity.backends.triton.kernels.{module}"), name)
+    if "PDL" in fn.arg_names:  # (as on an H200: launched with programmatic dependent launch)
+        constants = dict(constants, PDL=True)
     signature = dict(signature, **dict.fromkeys(constants, "constexpr"))
     src = ASTSource(fn=fn, signature=signature, constexprs=constants)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
@@ -293,6 +295,25 @@ def test_kernels_compile_for_sm90_without_contraction_or_flushing(module, name, 
     ptx = _ptx(module, name, signature, constants)
     assert "fma." not in ptx and ".ftz" not in ptx
     assert "div.full" not in ptx and "div.approx" not in ptx and "sqrt.approx" not in ptx
+
+
+@needs_triton
+@pytest.mark.parametrize(("module", "name", "signature", "constants"),
+                         [k for k in KERNELS + FAST_KERNELS if k[1] != "repack"],
+                         ids=[_kernel_id(k) for k in KERNELS + FAST_KERNELS
+                              if k[1] != "repack"])  # fmt: skip
+def test_kernels_wait_for_the_previous_kernel_first(module, name, signature, constants):
+    """Under programmatic dependent launch every graph kernel waits for the previous grid
+    (``griddepcontrol.wait``) before it stores anything, and only products read memory
+    before it: their weights, which no kernel writes."""
+    ptx = _ptx(module, name, signature, constants)
+    wait = ptx.find("griddepcontrol.wait")
+    assert wait >= 0 and "griddepcontrol.launch_dependents" in ptx[wait:]
+    assert "st.global" not in ptx[:wait] and "atom." not in ptx[:wait]
+    if name in ("matmul_q", "matmul_f"):
+        assert "ld.global" in ptx[:wait]  # the first weights, ahead of the wait
+    elif name != "rms_norm_f32":  # (which reads its weight row first)
+        assert "ld.global" not in ptx[:wait]
 
 
 @needs_triton

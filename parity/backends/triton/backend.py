@@ -88,6 +88,9 @@ FLASH_TILE = (32, 16)
 FAST_DOT_PRECISION = "tf32x3"
 # the fast kernels' tiers: a product's float additions in another order; attention's online
 # softmax, with tl.exp
+# launch each kernel with programmatic dependent launch where the GPU has it (sm_90+; see
+# kernels/pdl.py): its launch and weight loads overlap the previous kernel
+LAUNCH_PDL = True
 FAST_TIERS = {**{op.name: "nmse<=1e-8" for op in PRODUCTS}, "ATTENTION": "nmse<=1e-8"}
 
 
@@ -134,17 +137,20 @@ class TritonBackend(GpuBackend):
             from parity.backends.gpu.host import HostRuntime
 
             self.rt: Any = HostRuntime()
+            self.pdl = False
         else:
             from parity.backends.cuda.discovery import probe
             from parity.backends.gpu.pinned import pinning_wanted
             from parity.backends.gpu.runtime import GpuRuntime
 
-            if all(g.index != device.index for g in probe().usable):
+            gpu = next((g for g in probe().usable if g.index == device.index), None)
+            if gpu is None:
                 have = ", ".join(f"triton:{g.index}" for g in probe().usable) or "none"
                 raise BackendError(f"there is no usable GPU triton:{device.index} (usable: {have})")
             if pinned is None:
                 pinned = bool(self.options.get("pinned", pinning_wanted()))
             self.rt = GpuRuntime(device.index, pinned=pinned)
+            self.pdl = LAUNCH_PDL and gpu.capability >= (9, 0)  # (kernels/pdl.py)
         import triton
 
         from parity.backends.triton.kernels import (
@@ -579,6 +585,10 @@ class TritonBackend(GpuBackend):
         opts = dict(constants, enable_fp_fusion=False)
         if block:
             opts["BLOCK"] = self.k.BLOCK
+        if "PDL" in kernel.arg_names:  # (kernels/pdl.py: it waits for the previous kernel)
+            opts["PDL"] = self.pdl
+            if self.pdl:
+                opts["launch_pdl"] = True
         compiled: list[Any] = []
 
         def launch(warmup: bool = False) -> None:

@@ -29,6 +29,7 @@ import triton.language as tl
 
 from parity.backends.triton.kernels.elementwise import p_exp
 from parity.backends.triton.kernels.matmul import tree_rows
+from parity.backends.triton.kernels.pdl import after_previous
 from parity.backends.triton.kernels.rows import store_q8
 
 CHUNK = tl.constexpr(256)
@@ -55,7 +56,8 @@ def _scores(qv, k, kv_width, g, j, lo, p, scale, D: tl.constexpr, LOGD: tl.const
 @triton.jit
 def chunk_max(mx, q, k, positions, n_head, group, kv_width, window, scale, n_parts,
               D: tl.constexpr, LOGD: tl.constexpr, SUB: tl.constexpr,
-              PER: tl.constexpr):  # fmt: skip
+              PER: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    after_previous(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     part = tl.program_id(2)
@@ -74,8 +76,9 @@ def chunk_max(mx, q, k, positions, n_head, group, kv_width, window, scale, n_par
 def chunk_sums(dens, nums, mx, q, k, v, positions, n_head, group, kv_width, window, scale,
                n_parts, D: tl.constexpr, LOGD: tl.constexpr, SUB: tl.constexpr,
                LOGSUB: tl.constexpr, PER: tl.constexpr, LOGPER: tl.constexpr,
-               NPP: tl.constexpr):  # fmt: skip
+               NPP: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     """The part's sub-tree sums (NPP: n_parts rounded up to a power of two)."""
+    after_previous(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     part = tl.program_id(2)
@@ -124,9 +127,11 @@ def _chunk(dens, nums, row, c, lo, p, D: tl.constexpr, PARTS: tl.constexpr,
 
 @triton.jit
 def fold(out, yq, yd, ys, dens, nums, positions, n_head, window, n_parts, D: tl.constexpr,
-         PARTS: tl.constexpr, LOGPARTS: tl.constexpr, QUANT: tl.constexpr):  # fmt: skip
+         PARTS: tl.constexpr, LOGPARTS: tl.constexpr, QUANT: tl.constexpr,
+         PDL: tl.constexpr):  # fmt: skip
     """With QUANT (D a multiple of 32) also the output's Q8A value (yq, yd, ys): a QUANTIZE of
     the attention in the same launch."""
+    after_previous(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     p, lo = _window(positions, t, window)

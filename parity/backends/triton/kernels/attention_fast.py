@@ -15,10 +15,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from parity.backends.triton.kernels.pdl import after_previous
+
 
 @triton.jit
 def flash(out, q, k, v, positions, t, n_head, group, kv_width, window, scale, D: tl.constexpr,
-          BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+          BM: tl.constexpr, BN: tl.constexpr, PRECISION: tl.constexpr,
+          PDL: tl.constexpr):  # fmt: skip
+    after_previous(PDL)
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     h = tl.program_id(1)
     rm = rows < t

@@ -12,6 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from parity.backends.triton.kernels.pdl import after_previous
+
 F32 = tl.constexpr(0)
 F16 = tl.constexpr(1)
 Q4_0 = tl.constexpr(2)
@@ -130,11 +132,13 @@ def dequant(w, row_bytes, row, e, TYPE: tl.constexpr):
 
 
 @triton.jit
-def get_rows(out, w, ids, k, row_bytes, TYPE: tl.constexpr, BLOCK: tl.constexpr):
+def get_rows(out, w, ids, k, row_bytes, TYPE: tl.constexpr, BLOCK: tl.constexpr,
+             PDL: tl.constexpr):  # fmt: skip
     """out[t, :] = dequantize(w)[ids[t], :]; one program per (token, BLOCK elements)."""
     t = tl.program_id(0).to(tl.int64)
     e = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = e < k
+    after_previous(PDL)
     row = tl.load(ids + t).to(tl.int64)
     e = tl.where(m, e, 0)  # (padding lanes read element 0, and store nothing)
     tl.store(out + t * k + e, dequant(w, row_bytes, row, e, TYPE), mask=m)

@@ -16,6 +16,8 @@ import struct
 import triton
 import triton.language as tl
 
+from parity.backends.triton.kernels.pdl import after_previous
+
 BLOCK = 1024
 
 
@@ -86,8 +88,10 @@ def p_gelu(x):
 
 
 @triton.jit
-def binary_f32(out, a, b, n, width, OP: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr):
+def binary_f32(out, a, b, n, width, OP: tl.constexpr, ROW: tl.constexpr, BLOCK: tl.constexpr,
+               PDL: tl.constexpr):  # fmt: skip
     """out = fl(a OP b); with ROW, b is a (width,) row vector over every row of a."""
+    after_previous(PDL)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     x = tl.load(a + i, mask=m)
@@ -97,8 +101,10 @@ def binary_f32(out, a, b, n, width, OP: tl.constexpr, ROW: tl.constexpr, BLOCK: 
 
 
 @triton.jit
-def unary_f32(out, x, n, OP: tl.constexpr, BLOCK: tl.constexpr):
+def unary_f32(out, x, n, OP: tl.constexpr, BLOCK: tl.constexpr,
+              PDL: tl.constexpr):  # fmt: skip
     """out = silu(x) (OP 0) or gelu(x) (OP 1)."""
+    after_previous(PDL)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     v = tl.load(x + i, mask=m)
@@ -107,8 +113,10 @@ def unary_f32(out, x, n, OP: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def glu_f32(out, gate, up, n, OP: tl.constexpr, BLOCK: tl.constexpr):
+def glu_f32(out, gate, up, n, OP: tl.constexpr, BLOCK: tl.constexpr,
+            PDL: tl.constexpr):  # fmt: skip
     """out = fl(silu(gate) * up) (OP 0, SWIGLU) or fl(gelu(gate) * up) (OP 1, GEGLU)."""
+    after_previous(PDL)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     g = tl.load(gate + i, mask=m)
@@ -118,8 +126,10 @@ def glu_f32(out, gate, up, n, OP: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def scale_f32(out, x, n, c, BLOCK: tl.constexpr):
+def scale_f32(out, x, n, c, BLOCK: tl.constexpr,
+              PDL: tl.constexpr):  # fmt: skip
     """out = fl(x * c), c a float32 constant."""
+    after_previous(PDL)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
     tl.store(out + i, tl.load(x + i, mask=m) * c, mask=m)

@@ -21,13 +21,15 @@ import triton.language as tl
 
 from parity.backends.triton.kernels.dequant import dequant
 from parity.backends.triton.kernels.matmul import MINUS_MIN, PLUS_MIN
+from parity.backends.triton.kernels.pdl import after_previous
 
 
 @triton.jit
 def gemm_q(y, xq, xd, xs, wq, wa, wm, bias, res, t, k, n_out, MIN: tl.constexpr,
            L: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
-           HAS_RES: tl.constexpr):  # fmt: skip
+           HAS_RES: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     """y for a repacked quantized W (dequant.repack)."""
+    after_previous(PDL)
     m = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
     n = tl.program_id(1).to(tl.int64) * BN + tl.arange(0, BN)
     mm = m < t
@@ -60,7 +62,8 @@ def gemm_q(y, xq, xd, xs, wq, wa, wm, bias, res, t, k, n_out, MIN: tl.constexpr,
 @triton.jit
 def gemm_f(y, x, w, bias, res, t, k, n_out, row_bytes, TYPE: tl.constexpr, BM: tl.constexpr,
            BN: tl.constexpr, BK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-           PRECISION: tl.constexpr):  # fmt: skip
+           PRECISION: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    after_previous(PDL)
     m = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
     n = tl.program_id(1).to(tl.int64) * BN + tl.arange(0, BN)
     mm = m < t

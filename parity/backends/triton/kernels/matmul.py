@@ -21,6 +21,7 @@ import triton.language as tl
 
 from parity.backends.triton.kernels.dequant import dequant
 from parity.backends.triton.kernels.elementwise import p_silu
+from parity.backends.triton.kernels.pdl import after_previous
 
 # a product's min term: none (Q4_0, Q5_0, Q8_0, Q6_K), + m * s_x (Q4_1), - m * s_x (Q4_K)
 NO_MIN = tl.constexpr(0)
@@ -47,28 +48,43 @@ def _epilogue(y, v, bias, res, t, n, nm, n_out, HAS_BIAS: tl.constexpr, HAS_RES:
 
 
 @triton.jit
-def _group_tree(xq, xd, xs, wq, wa, wm, t, k, n0, i, MIN: tl.constexpr, L: tl.constexpr,
-                G: tl.constexpr, LOGG: tl.constexpr, BN: tl.constexpr):  # fmt: skip
-    """The TREE of group ``i``'s G sub-block terms (+0.0 past the last sub-block) of the rows
-    ``n0`` of a repacked weight (dequant.repack): (BN,)."""
+def _group_weights(wq, wa, wm, k, n0, i, MIN: tl.constexpr, L: tl.constexpr, G: tl.constexpr):
+    """Group ``i``'s G sub-blocks of the rows ``n0`` of a repacked weight (dequant.repack):
+    quants (BN, G, L) (0 past the last sub-block: not loaded), scales and mins (BN, G)."""
     nsub = k // L
     s = i * G + tl.arange(0, G)
     sm = s < nsub
     s0 = tl.where(sm, s, 0)
     e = s0[:, None] * L + tl.arange(0, L)[None, :]  # (G, L) element indices
-    live = sm[:, None]  # (past the last sub-block: no loads)
-    qx = tl.load(xq + t * k + e, mask=live, other=0).to(tl.int32)
-    qw = tl.load(wq + n0[:, None, None] * k + e[None, :, :], mask=live[None, :, :], other=0)
-    qw = qw.to(tl.int32)  # (BN, G, L)
-    isum = tl.sum(qw * qx[None, :, :], 2)  # (BN, G), exact
+    qw = tl.load(wq + n0[:, None, None] * k + e[None, :, :], mask=sm[None, :, None], other=0)
+    at = n0[:, None] * nsub + s0[None, :]
+    a = tl.load(wa + at)
+    if MIN == NO_MIN:  # noqa: SIM108 (a compile-time branch: no load)
+        mn = a
+    else:
+        mn = tl.load(wm + at)
+    return qw, a, mn
+
+
+@triton.jit
+def _group_tree(xq, xd, xs, qw, a, mn, t, k, i, MIN: tl.constexpr, L: tl.constexpr,
+                G: tl.constexpr, LOGG: tl.constexpr, BN: tl.constexpr):  # fmt: skip
+    """The TREE of group ``i``'s G sub-block terms (+0.0 past the last sub-block), from its
+    weights (``_group_weights``): (BN,)."""
+    nsub = k // L
+    s = i * G + tl.arange(0, G)
+    sm = s < nsub
+    s0 = tl.where(sm, s, 0)
+    e = s0[:, None] * L + tl.arange(0, L)[None, :]
+    qx = tl.load(xq + t * k + e, mask=sm[:, None], other=0).to(tl.int32)
+    isum = tl.sum(qw.to(tl.int32) * qx[None, :, :], 2)  # (BN, G), exact
     b = (s0 * L) // 32  # the activation block of each sub-block
     dx = tl.load(xd + t * (k // 32) + b)
-    at = n0[:, None] * nsub + s0[None, :]
-    term = (tl.load(wa + at) * dx[None, :]) * isum.to(tl.float32)
+    term = (a * dx[None, :]) * isum.to(tl.float32)
     if MIN == PLUS_MIN:
-        term = term + tl.load(wm + at) * tl.load(xs + t * (k // 32) + b)[None, :]
+        term = term + mn * tl.load(xs + t * (k // 32) + b)[None, :]
     elif MIN == MINUS_MIN:
-        term = term - tl.load(wm + at) * tl.load(xs + t * (k // 32) + b)[None, :]
+        term = term - mn * tl.load(xs + t * (k // 32) + b)[None, :]
     return tree_rows(tl.where(sm[None, :], term, 0.0), BN, G, LOGG)
 
 
@@ -76,24 +92,34 @@ def _group_tree(xq, xd, xs, wq, wa, wm, t, k, n0, i, MIN: tl.constexpr, L: tl.co
 def matmul_q(y, xq, xd, xs, wq, wa, wm, uq, ua, um, bias, res, k, n_out, MIN: tl.constexpr,
              L: tl.constexpr, P: tl.constexpr, LOG: tl.constexpr, G: tl.constexpr,
              LOGG: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
-             HAS_RES: tl.constexpr, GLU: tl.constexpr):  # fmt: skip
+             HAS_RES: tl.constexpr, GLU: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     """y[t, n] for a repacked quantized W (L elements a sub-block, P = next_pow2(K / L) =
     2^LOG), G = 2^LOGG sub-blocks at a time: the TREE of P terms is the TREE of the P / G
     groups' TREEs (groups past the last sub-block are +0.0 and not computed). With GLU, a
-    second product by U (same L and MIN) and ``y = fl(silu(x W) * x U)``: MATMUL_SWIGLU."""
+    second product by U (same L and MIN) and ``y = fl(silu(x W) * x U)``: MATMUL_SWIGLU. The
+    first group's weights are loaded before the previous kernel has ended (``PDL``)."""
     t = tl.program_id(1).to(tl.int64)  # (rows on axis 0, whose grid may exceed 65535)
     n = tl.program_id(0).to(tl.int64) * BN + tl.arange(0, BN)
     nm = n < n_out
     n0 = tl.where(nm, n, 0)
     NG: tl.constexpr = P // G
     groups = tl.arange(0, NG)
-    parts = tl.zeros((BN, NG), tl.float32)
-    up = tl.zeros((BN, NG), tl.float32)
-    for i in range(0, tl.cdiv(k // L, G)):
-        g = _group_tree(xq, xd, xs, wq, wa, wm, t, k, n0, i, MIN, L, G, LOGG, BN)
+    wq0, wa0, wm0 = _group_weights(wq, wa, wm, k, n0, 0, MIN, L, G)
+    if GLU:
+        uq0, ua0, um0 = _group_weights(uq, ua, um, k, n0, 0, MIN, L, G)
+    after_previous(PDL)
+    g = _group_tree(xq, xd, xs, wq0, wa0, wm0, t, k, 0, MIN, L, G, LOGG, BN)
+    parts = tl.where(groups[None, :] == 0, g[:, None], 0.0)
+    if GLU:
+        u = _group_tree(xq, xd, xs, uq0, ua0, um0, t, k, 0, MIN, L, G, LOGG, BN)
+        up = tl.where(groups[None, :] == 0, u[:, None], 0.0)
+    for i in range(1, tl.cdiv(k // L, G)):
+        qw, a, mn = _group_weights(wq, wa, wm, k, n0, i, MIN, L, G)
+        g = _group_tree(xq, xd, xs, qw, a, mn, t, k, i, MIN, L, G, LOGG, BN)
         parts = tl.where(groups[None, :] == i, g[:, None], parts)
         if GLU:
-            u = _group_tree(xq, xd, xs, uq, ua, um, t, k, n0, i, MIN, L, G, LOGG, BN)
+            qw, a, mn = _group_weights(uq, ua, um, k, n0, i, MIN, L, G)
+            u = _group_tree(xq, xd, xs, qw, a, mn, t, k, i, MIN, L, G, LOGG, BN)
             up = tl.where(groups[None, :] == i, u[:, None], up)
     v = tree_rows(parts, BN, NG, LOG - LOGG)
     if GLU:
@@ -102,25 +128,39 @@ def matmul_q(y, xq, xd, xs, wq, wa, wm, uq, ua, um, bias, res, k, n_out, MIN: tl
 
 
 @triton.jit
+def _float_weights(w, row_bytes, n0, k, i, TYPE: tl.constexpr, G: tl.constexpr):
+    """Elements ``i * G ..`` of the rows ``n0`` of a float W, as float32 (BN, G)."""
+    e = i * G + tl.arange(0, G)
+    return dequant(w, row_bytes, n0[:, None], tl.where(e < k, e, 0)[None, :], TYPE)
+
+
+@triton.jit
+def _float_tree(x, wv, t, k, i, G: tl.constexpr, LOGG: tl.constexpr, BN: tl.constexpr):
+    """The TREE of fl(x_k * w_k) over elements ``i * G ..`` (+0.0 past K): (BN,)."""
+    e = i * G + tl.arange(0, G)
+    em = e < k
+    xv = tl.load(x + t * k + tl.where(em, e, 0))
+    return tree_rows(tl.where(em[None, :], xv[None, :] * wv, 0.0), BN, G, LOGG)
+
+
+@triton.jit
 def matmul_f(y, x, w, bias, res, k, n_out, row_bytes, TYPE: tl.constexpr, P: tl.constexpr,
              LOG: tl.constexpr, G: tl.constexpr, LOGG: tl.constexpr, BN: tl.constexpr,
-             HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr):  # fmt: skip
+             HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     """y[t, n] for a float W (F32, F16, BF16): the TREE of fl(x_k * w_k), P = next_pow2(K), G
-    elements at a time."""
+    elements at a time (the first G loaded before the previous kernel has ended)."""
     t = tl.program_id(1).to(tl.int64)  # (rows on axis 0, whose grid may exceed 65535)
     n = tl.program_id(0).to(tl.int64) * BN + tl.arange(0, BN)
     nm = n < n_out
     n0 = tl.where(nm, n, 0)
     NG: tl.constexpr = P // G
     groups = tl.arange(0, NG)
-    parts = tl.zeros((BN, NG), tl.float32)
-    for i in range(0, NG):
-        e = i * G + tl.arange(0, G)
-        em = e < k
-        e0 = tl.where(em, e, 0)
-        xv = tl.load(x + t * k + e0)
-        wv = dequant(w, row_bytes, n0[:, None], e0[None, :], TYPE)  # (BN, G)
-        prod = tl.where(em[None, :], xv[None, :] * wv, 0.0)
-        parts = tl.where(groups[None, :] == i, tree_rows(prod, BN, G, LOGG)[:, None], parts)
+    w0 = _float_weights(w, row_bytes, n0, k, 0, TYPE, G)
+    after_previous(PDL)
+    g = _float_tree(x, w0, t, k, 0, G, LOGG, BN)
+    parts = tl.where(groups[None, :] == 0, g[:, None], 0.0)
+    for i in range(1, NG):
+        g = _float_tree(x, _float_weights(w, row_bytes, n0, k, i, TYPE, G), t, k, i, G, LOGG, BN)
+        parts = tl.where(groups[None, :] == i, g[:, None], parts)
     v = tree_rows(parts, BN, NG, LOG - LOGG)
     _epilogue(y, v, bias, res, t, n, nm, n_out, HAS_BIAS, HAS_RES)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from parity.backends.triton.kernels.pdl import after_previous
 from parity.backends.triton.kernels.rows import store_q8
 
 
@@ -25,12 +26,15 @@ def tree_sum(x, P: tl.constexpr, LOG: tl.constexpr):
 
 @triton.jit
 def rms_norm_f32(out, q, d, s, x, w, width, eps, MUL: tl.constexpr, P: tl.constexpr,
-                 LOG: tl.constexpr, QUANT: tl.constexpr):  # fmt: skip
+                 LOG: tl.constexpr, QUANT: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     """out = fl(x * scale) per row (MUL: fl(fl(x * scale) * w)), scale = 1 / sqrt(mean + eps);
     with QUANT also out's Q8A value (q, d, s): a QUANTIZE of the norm in the same launch."""
     row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, P)
     m = i < width
+    if MUL:
+        wv = tl.load(w + i, mask=m)  # (a weight: read before the previous kernel ends)
+    after_previous(PDL)
     v = tl.load(x + row * width + i, mask=m, other=0.0)
     ss = tree_sum(tl.where(m, v * v, 0.0), P, LOG)
     mean = tl.math.div_rn(ss, width.to(tl.float32))
@@ -38,7 +42,7 @@ def rms_norm_f32(out, q, d, s, x, w, width, eps, MUL: tl.constexpr, P: tl.conste
     scale = tl.math.div_rn(1.0, r)
     y = v * scale
     if MUL:
-        y = y * tl.load(w + i, mask=m)
+        y = y * wv
     tl.store(out + row * width + i, y, mask=m)
     if QUANT:  # (width is a multiple of 32: the blocks past it are padding only)
         store_q8(q, d, s, tl.reshape(y, (P // 32, 32)), row, width, 0, P // 32)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from parity.backends.triton.kernels.pdl import after_previous
+
 
 @triton.jit
 def _rope_head(out, x, src, dst, p, cos, sin, half, head_dim, NEOX: tl.constexpr,
@@ -37,8 +39,9 @@ def _rope_head(out, x, src, dst, p, cos, sin, half, head_dim, NEOX: tl.constexpr
 
 @triton.jit
 def rope_f32(out, x, positions, cos, sin, n_head, head_dim, half, width,
-             NEOX: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+             NEOX: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     """ROPE, one program per (token, head)."""
+    after_previous(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     p = tl.load(positions + t).to(tl.int64)
@@ -48,11 +51,13 @@ def rope_f32(out, x, positions, cos, sin, n_head, head_dim, half, width,
 
 @triton.jit
 def rope_kv_f32(q_out, q, k_out, k, v, k_cache, v_cache, positions, cos, sin, n_head, n_kv,
-                head_dim, half, NEOX: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+                head_dim, half, NEOX: tl.constexpr, BLOCK: tl.constexpr,
+                PDL: tl.constexpr):  # fmt: skip
     """A layer's ROPE of q and of k and its two KV_WRITEs in one launch, one program per
     (token, head of q, k or v): q's heads rotated into ``q_out``; k's into ``k_out`` and
     into the cache row ``positions[t]``; v's copied into theirs. The same operations as the
     four launches, so the same bits."""
+    after_previous(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     p = tl.load(positions + t).to(tl.int64)
@@ -75,8 +80,9 @@ def rope_kv_f32(q_out, q, k_out, k, v, k_cache, v_cache, positions, cos, sin, n_
 
 
 @triton.jit
-def kv_write_f32(cache, rows, positions, width, BLOCK: tl.constexpr):
+def kv_write_f32(cache, rows, positions, width, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """cache[positions[t], :] = rows[t, :], one program per (token, BLOCK columns)."""
+    after_previous(PDL)
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = c < width
@@ -85,10 +91,11 @@ def kv_write_f32(cache, rows, positions, width, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def argmax_f32(out, x, width, NBLK: tl.constexpr, BLOCK: tl.constexpr):
+def argmax_f32(out, x, width, NBLK: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """Per row the first index of the maximum, a NaN above every number (the first NaN wins):
     one program a row, its NBLK blocks in order (a compile-time count: the interpreter of
     Triton 3.6 cannot loop to a run-time bound under numpy 2.4)."""
+    after_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     best = -float("inf")
     best_i = 0
@@ -143,8 +150,9 @@ def store_q8(q, d, s, v, row, k, b0, NB: tl.constexpr):
 
 
 @triton.jit
-def quantize_q8(q, d, s, x, k, nb, BLOCKS: tl.constexpr):
+def quantize_q8(q, d, s, x, k, nb, BLOCKS: tl.constexpr, PDL: tl.constexpr):
     """Q8A quantization (``q8_blocks``) of ``BLOCKS`` 32-element blocks of one row a program."""
+    after_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     b = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
     inside = b < nb
