@@ -320,7 +320,7 @@ def test_conformance_command_table_and_exit_status(sloppy_plugin, capsys):
     assert main(["conformance", "cpu", "-k", "rms_norm-", "-k", "argmax"]) == 0
     out = capsys.readouterr().out
     assert "RMS_NORM  F32   exact     2      exact" in out
-    assert "cpu: 4 cases: 4 bit-exact, 0 within the declared bound, 0 FAIL" in out
+    assert "cpu: 5 cases: 5 bit-exact, 0 within the declared bound, 0 FAIL" in out
     assert main(["conformance", "sloppy", "-k", "swiglu-576", "-k", "swiglu-4864", "--json"]) == 3
     report = json.loads(capsys.readouterr().out)
     assert {c["result"] for c in report["cases"]} == {"FAIL"}

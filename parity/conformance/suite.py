@@ -485,7 +485,7 @@ def op_suite() -> list[CaseSpec]:
                 _attention(*heads, start, t, 512, rope=(mode, n_rot)),
             )
         )
-    for width in (1000, 49152):
+    for width in (1000, 49152, 151936):  # (the last: Qwen2.5's vocabulary)
         specs.append(_spec(f"argmax-{width}", Op.ARGMAX, F32, _argmax(width)))
     specs += fused_suite()
     return specs

@@ -68,7 +68,7 @@ TABLE_TYPES = WEIGHT_TYPES  # GET_ROWS reads every weight type (kernels/dequant.
 SILU, GELU = 0, 1  # the kernels' OP constants
 MIN_TERMS = {DType.Q4_1: 1, DType.Q4_K: 2}  # kernels/matmul.py PLUS_MIN, MINUS_MIN
 KERNELS_SO_FAR = "every op"
-ARGMAX_BLOCK = 4096
+ARGMAX_BLOCK = 2048  # columns of a row an ARGMAX program takes
 # slots x head_dim an attention program holds at a time, and the most slots (interpreter: one
 # step per chunk)
 ATTENTION_TILE = {False: (1024, 128), True: (1 << 16, 256)}
@@ -88,9 +88,12 @@ FLASH_TILE = (32, 16)
 FAST_DOT_PRECISION = "tf32x3"
 # the fast kernels' tiers: a product's float additions in another order; attention's online
 # softmax, with tl.exp
-# launch each kernel with programmatic dependent launch where the GPU has it (sm_90+; see
-# kernels/pdl.py): its launch and weight loads overlap the previous kernel
+# launch each kernel of a split of at most PDL_TOKENS tokens (a decode step) with programmatic
+# dependent launch where the GPU has it (sm_90+; kernels/pdl.py): its launch and first weight
+# loads overlap the previous kernel. On an H200 it takes SmolLM2's decode step from 0.98 to
+# 0.85 ms, and makes a 512-token prefill slower (Qwen fast: 10.0 against 11.8 ms): docs/perf.md
 LAUNCH_PDL = True
+PDL_TOKENS = 16
 FAST_TIERS = {**{op.name: "nmse<=1e-8" for op in PRODUCTS}, "ATTENTION": "nmse<=1e-8"}
 
 
@@ -175,6 +178,8 @@ class TritonBackend(GpuBackend):
         self.attention_fast = attention_fast
         self.init_memory()
         self._packed: dict[str, Packed] = {}
+        self._advance: dict[tuple[int, int, int], Any] = {}  # increment's launches
+        self._pdl_split = self.pdl  # (the split being prepared takes PDL: see prepare)
 
     # -- discovery -------------------------------------------------------------------------
 
@@ -265,6 +270,9 @@ class TritonBackend(GpuBackend):
             raw = self._weights[node.arg]
             values[i] = raw.view(views[node.dtype]) if node.dtype in views else raw
         self.graph_nodes = graph.nodes
+        tokens = max((graph.nodes[i].shape[0] for i in split.nodes
+                      if graph.nodes[i].op in (*PRODUCTS, Op.ATTENTION)), default=1)  # fmt: skip
+        self._pdl_split = self.pdl and tokens <= PDL_TOKENS
         self._readers: dict[int, list[int]] = {}
         for i in split.nodes:
             for s in graph.nodes[i].src:
@@ -385,10 +393,7 @@ class TritonBackend(GpuBackend):
             return self._kernel(self.rows.kv_write_f32, 0, src[0], src[1], src[2], width,
                                 grid=grid)  # fmt: skip
         if node.op is Op.ARGMAX:
-            rows, width = src[0].shape
-            return self._kernel(self.rows.argmax_f32, 0, out, src[0], width, grid=(rows,),
-                                NBLK=self.triton.cdiv(width, ARGMAX_BLOCK), BLOCK=ARGMAX_BLOCK,
-                                block=False)  # fmt: skip
+            return self._argmax(out, src[0])
         if node.op in PRODUCTS:
             return self._products(node, out, src)
         if node.op is Op.ATTENTION:
@@ -407,6 +412,22 @@ class TritonBackend(GpuBackend):
                                 grid=(t, self.triton.cdiv(nb, 32)), BLOCKS=32,
                                 block=False)  # fmt: skip
         raise BackendError(f"triton cannot lower {node.op.name}")  # (supports_op said no)
+
+    def _argmax(self, out: Any, x: Any):
+        """ARGMAX in two launches (kernels/rows.py): each row's parts of ARGMAX_BLOCK columns
+        side by side, then one program a row over its parts' answers (a vocabulary of 151,936
+        is 75 programs a row, not one program walking it)."""
+        rows, width = x.shape
+        n_parts = self.triton.cdiv(width, ARGMAX_BLOCK)
+        best = self.alloc(DType.F32, (rows, n_parts))
+        at = self.alloc(DType.I32, (rows, n_parts))
+        steps = [
+            self._kernel(self.rows.argmax_parts, 0, best, at, x, width, grid=(rows, n_parts),
+                         BLOCK=ARGMAX_BLOCK, block=False),
+            self._kernel(self.rows.argmax_fold, 0, out, best, at, n_parts, grid=(rows,),
+                         NP=1 << max(0, n_parts - 1).bit_length(), block=False),
+        ]  # fmt: skip
+        return self._sequence(steps)
 
     def _products(self, node: Node, out: Any, src: list[Any]):
         """MATMUL, MATMUL_ADD (bias and residual in the epilogue) and MATMUL_SWIGLU (both
@@ -586,8 +607,8 @@ class TritonBackend(GpuBackend):
         if block:
             opts["BLOCK"] = self.k.BLOCK
         if "PDL" in kernel.arg_names:  # (kernels/pdl.py: it waits for the previous kernel)
-            opts["PDL"] = self.pdl
-            if self.pdl:
+            opts["PDL"] = self._pdl_split
+            if self._pdl_split:
                 opts["launch_pdl"] = True
         compiled: list[Any] = []
 
@@ -603,6 +624,21 @@ class TritonBackend(GpuBackend):
                 kernel[grid](*args, **opts)
 
         return launch
+
+    def increment(self, buffer: Any, dtype: DType, shape: tuple[int, ...], by: int) -> None:
+        """Queued on the stream like the steps (the base class's host round trip would wait for
+        the step just started); one launch made per kept input, so decode allocates nothing."""
+        if dtype is not DType.I32:
+            raise BackendError(f"increment takes I32 values, not {dtype.name}")
+        key = (buffer.data_ptr(), buffer.numel(), by)
+        launch = self._advance.get(key)
+        if launch is None:
+            n = buffer.numel()
+            launch = self._kernel(self.rows.add_i32, n, buffer, n, by)
+            if not self.interpreted:
+                launch(warmup=True)
+            self._advance[key] = launch
+        self._run([launch])
 
     def _copy(self, dst: Any, src: Any, warmup: bool = False) -> None:
         if not warmup:

@@ -91,29 +91,52 @@ def kv_write_f32(cache, rows, positions, width, BLOCK: tl.constexpr, PDL: tl.con
 
 
 @triton.jit
-def argmax_f32(out, x, width, NBLK: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """Per row the first index of the maximum, a NaN above every number (the first NaN wins):
-    one program a row, its NBLK blocks in order (a compile-time count: the interpreter of
-    Triton 3.6 cannot loop to a run-time bound under numpy 2.4)."""
+def argmax_parts(best, at, x, width, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """ARGMAX's first pass, one program per (row, BLOCK columns): the part's answer, its first
+    NaN or else the first index of its maximum, and that value (NaN for a NaN). Integer minima
+    and float maxima are exact in any order; ``tl.maximum`` would drop a NaN, so NaN is tested
+    apart."""
     after_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
-    best = -float("inf")
-    best_i = 0
-    found_nan = 0
-    for j in range(NBLK):
-        i = j * BLOCK + tl.arange(0, BLOCK)
-        m = i < width
-        v = tl.load(x + row * width + i, mask=m, other=-float("inf"))
-        nan = (v != v) & m
-        first_nan = tl.min(tl.where(nan, i, width), 0)
-        top = tl.max(tl.where(nan, -float("inf"), v), 0)
-        first_top = tl.min(tl.where((v == top) & m, i, width), 0)
-        take_nan = (found_nan == 0) & (first_nan < width)
-        take_top = (found_nan == 0) & (first_nan == width) & (top > best)
-        best_i = tl.where(take_nan, first_nan, tl.where(take_top, first_top, best_i))
-        best = tl.where(take_top, top, best)
-        found_nan = tl.where(take_nan, 1, found_nan)
-    tl.store(out + row, best_i.to(tl.int32))
+    part = tl.program_id(1)
+    n_parts = tl.num_programs(1)
+    i = part * BLOCK + tl.arange(0, BLOCK)
+    m = i < width
+    v = tl.load(x + row * width + i, mask=m, other=-float("inf"))
+    nan = (v != v) & m
+    first_nan = tl.min(tl.where(nan, i, width), 0)
+    top = tl.max(tl.where(nan, -float("inf"), v), 0)
+    first_top = tl.min(tl.where((v == top) & m, i, width), 0)
+    found_nan = first_nan < width
+    tl.store(at + row * n_parts + part, tl.where(found_nan, first_nan, first_top).to(tl.int32))
+    tl.store(best + row * n_parts + part, tl.where(found_nan, float("nan"), top))
+
+
+@triton.jit
+def argmax_fold(out, best, at, n_parts, NP: tl.constexpr, PDL: tl.constexpr):
+    """ARGMAX's second pass, one program a row over its parts (NP: n_parts rounded up to a
+    power of two): the first NaN above every number (the lowest part holding one), else the
+    first index of the maximum (the lowest part holding it: the parts are in column order)."""
+    after_previous(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, NP)
+    m = j < n_parts
+    v = tl.load(best + row * n_parts + j, mask=m, other=-float("inf"))
+    idx = tl.load(at + row * n_parts + j, mask=m, other=0)
+    nan = (v != v) & m
+    top = tl.max(tl.where(nan, -float("inf"), v), 0)
+    any_nan = tl.max(nan.to(tl.int32), 0) > 0
+    pick = tl.where(any_nan, nan, (v == top) & m)
+    tl.store(out + row, tl.min(tl.where(pick, idx, 2147483647), 0))
+
+
+@triton.jit
+def add_i32(x, n, by, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """x += by in place (int32: the decode positions a step keeps on the device)."""
+    after_previous(PDL)
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(x + i, tl.load(x + i, mask=m) + by, mask=m)
 
 
 @triton.jit
