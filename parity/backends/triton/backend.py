@@ -20,7 +20,8 @@ GET_ROWS keeps reading), so a product's program loads whole aligned rows.
 Some launches do the work of several nodes, with the same operations and so the same bits: a
 norm or an attention quantizes its output for the products that read it, gate and up take one
 launch with their SWIGLU, and a layer's two ROPEs and two KV_WRITEs are one launch
-(``_rope_kv_groups``).
+(``_rope_kv_groups``). On sm_90 and newer the kernels of a decode step are launched with
+programmatic dependent launch (kernels/pdl.py): each starts while the one before finishes.
 
 Kernels are compiled when a split is prepared (Triton's own cache keeps them across runs),
 never inside a capture.
