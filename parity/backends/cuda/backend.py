@@ -9,7 +9,11 @@ kernels, its resident weights (the GGUF's own bytes, uploaded once).
 ``rewrite`` fuses as the cpu's numba mode does, and quantizes every quantized product's x in a
 QUANTIZE node of its own, which the launch that produces x writes (``lowering``). ``prepare``
 builds a split's launches once, on buffers bound for the executable's life; ``execute`` enqueues
-them; ``capture`` records them as one CUDA graph.
+them; ``capture`` records them as one CUDA graph. On sm_90 and newer the launches of a split of
+at most PDL_TOKENS tokens (a decode step) use programmatic dependent launch: each kernel starts
+while the one before it finishes, and a product loads its first weights before it waits
+(kernels/common.cuh, ``pdl_begin``). ``pdl = false`` in ``[backends.cuda]`` (or
+``PARITY_PDL=0``) turns it off.
 """
 
 from __future__ import annotations
@@ -27,13 +31,14 @@ from parity.core.backend import (
 )
 from parity.core.dtypes import DType
 from parity.core.fusion import PASSES, fuse
-from parity.core.ir import Graph, Node, Op
+from parity.core.ir import MATMULS, Graph, Node, Op
 from parity.core.scheduler import accepts
 from parity.errors import BackendError, ConfigError
 
 OPS = frozenset(Op) - {Op.INPUT, Op.WEIGHT, Op.STATE}
 ADVANCE = ("rows.cu", "advance_i32")  # the kernel of ``increment``
 SPLIT_CHUNKS = 1  # chunks per block of flash-decoding attention
+PDL_TOKENS = 16  # programmatic dependent launch for splits of at most this many tokens
 
 
 class CudaExecutable(GpuExecutable):
@@ -46,19 +51,22 @@ class CudaBackend(GpuBackend):
     queues = True  # every per-step call goes on the runtime's stream
     manifest: ClassVar[Mapping[str, str]] = {op.name: "exact" for op in sorted(OPS, key=str)}
 
-    def __init__(self, device: Device, *, pinned: bool | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, device: Device, *, pinned: bool | None = None, pdl: bool | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(device, **kwargs)
-        unknown = sorted(set(self.options) - {"pinned"})
+        unknown = sorted(set(self.options) - {"pinned", "pdl"})
         if unknown:
             raise ConfigError(
                 f"[backends.cuda] has unknown option(s) {', '.join(unknown)}; "
-                "the cuda backend takes pinned"
+                "the cuda backend takes pinned and pdl"
             )
         ok = self.available()
         if not ok.ok:
             raise BackendError(f"the cuda backend cannot run here: {ok.reason}")
         from parity.backends.cuda.library import Library
         from parity.backends.cuda.nvrtc import Compiler
+        from parity.backends.gpu.driver import pdl_wanted
         from parity.backends.gpu.pinned import pinning_wanted
         from parity.backends.gpu.runtime import GpuRuntime
 
@@ -68,6 +76,9 @@ class CudaBackend(GpuBackend):
             raise BackendError(f"there is no usable GPU cuda:{device.index} (usable: {have})")
         if pinned is None:
             pinned = bool(self.options.get("pinned", pinning_wanted()))
+        if pdl is None:
+            pdl = bool(self.options.get("pdl", pdl_wanted()))
+        self.pdl = pdl and gpu.capability >= (9, 0)
         self.rt = GpuRuntime(device.index, pinned=pinned)
         self.driver = self.rt.driver
         self.library = Library(self.driver, Compiler(gpu.arch))
@@ -148,8 +159,11 @@ class CudaBackend(GpuBackend):
         for i in split.nodes:
             for s in graph.nodes[i].src:
                 readers.setdefault(s, []).append(i)
+        tokens = max((graph.nodes[i].shape[0] for i in split.nodes
+                      if graph.nodes[i].op in (*MATMULS, Op.ATTENTION)), default=1)  # fmt: skip
+        pdl = self.pdl and tokens <= PDL_TOKENS
         lowering = Lowering(
-            graph, values, self._weights, self._enqueue, self._copy, self.alloc, SPLIT_CHUNKS
+            graph, values, self._weights, self._enqueue, self._copy, self.alloc, SPLIT_CHUNKS, pdl
         )
         lowered = lowering.lower(split.nodes, readers)
         self.library.ensure(lowered.kernels)  # one batch, compiled in parallel (or cached)

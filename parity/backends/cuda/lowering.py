@@ -120,6 +120,7 @@ class Lowering:
         copy: Callable[[Any, Any], None],
         scratch: Callable[[DType, tuple[int, ...]], Any],
         n_split_chunks: int,
+        pdl: bool = False,
     ) -> None:
         self.graph = graph
         self.values = values
@@ -128,13 +129,14 @@ class Lowering:
         self.copy = copy
         self.new_scratch = scratch
         self.split_chunks = n_split_chunks
+        self.pdl = pdl  # every launch with programmatic dependent launch
         self.out: Lowered = Lowered([], [], set(), [])
         self.done: set[int] = set()
 
     # -- helpers --------------------------------------------------------------------------
 
     def _launch(self, source: str, name: str, grid, block, args, shared: int = 0) -> None:
-        launch = Launch(name, 0, grid, block, shared, pack(args))  # its kernel: ``bind``
+        launch = Launch(name, 0, grid, block, shared, pack(args), self.pdl)  # kernel: ``bind``
         self.out.kernels.add((source, name))
         self.out.pending.append(((source, name), launch))
         self.out.launches.append((self.enqueue, (launch,)))

@@ -16,7 +16,8 @@ calling thread before loading modules, so kernels and torch's tensors live in on
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -24,6 +25,32 @@ import attrs
 from parity.errors import BackendError
 
 _FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # (cuda.h's CUlaunchAttributeID)
+PDL_ENV = "PARITY_PDL"
+
+
+def pdl_wanted(env: Mapping[str, str] | None = None) -> bool:
+    """``PARITY_PDL``, read once by a backend: anything but 0/false/no/off leaves programmatic
+    dependent launch on (where the GPU has it)."""
+    value = (os.environ if env is None else env).get(PDL_ENV, "1").strip().lower()
+    return value not in ("0", "false", "no", "off")
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """``CUlaunchAttribute``: an id, padding to 8 bytes, a 64-byte value union."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig`` of ``cuLaunchKernelEx``."""
+
+    _fields_ = [
+        *((name, ctypes.c_uint) for name in ("gx", "gy", "gz", "bx", "by", "bz", "shared")),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_LaunchAttribute)),
+        ("n_attrs", ctypes.c_uint),
+    ]
 
 
 class Driver:
@@ -36,6 +63,8 @@ class Driver:
         vp, u, i = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int
         lib.cuLaunchKernel.argtypes = [vp, u, u, u, u, u, u, u, vp, vp, vp]
         lib.cuLaunchKernel.restype = i
+        lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), vp, vp, vp]
+        lib.cuLaunchKernelEx.restype = i
         lib.cuModuleLoadData.argtypes = [ctypes.POINTER(vp), ctypes.c_char_p]
         lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(vp), vp, ctypes.c_char_p]
         lib.cuFuncSetAttribute.argtypes = [vp, i, i]
@@ -51,6 +80,7 @@ class Driver:
         self.context = context
         self.make_current()
         self._launch = lib.cuLaunchKernel
+        self._launch_ex = lib.cuLaunchKernelEx
         size = ctypes.c_size_t
         copies = {  # (the _v2 symbols are the 64-bit ones cuda.h's names stand for)
             "h2d": (lib.cuMemcpyHtoDAsync_v2, [ctypes.c_uint64, vp, size, vp]),
@@ -101,6 +131,12 @@ class Driver:
         )
 
     def launch(self, launch: Launch, stream: int) -> None:
+        if launch.config is not None:  # programmatic dependent launch
+            launch.config.stream = stream
+            result = self._launch_ex(ctypes.byref(launch.config), launch.fn, launch.params, None)
+            if result:
+                self.check(result, f"launching {launch.name}")
+            return
         g, b = launch.grid, launch.block
         result = self._launch(
             launch.fn,
@@ -136,7 +172,9 @@ class Driver:
 
 @attrs.define(eq=False)
 class Launch:
-    """One kernel launch with its arguments packed, ready to go."""
+    """One kernel launch with its arguments packed, ready to go. With ``pdl`` it is launched
+    with programmatic dependent launch (sm_90+): it may start before the kernel ahead of it on
+    the stream ends, and waits for it inside (kernels/common.cuh, ``pdl_begin``)."""
 
     name: str
     fn: int
@@ -144,10 +182,19 @@ class Launch:
     block: tuple[int, int, int]
     shared: int
     args: tuple[Any, ...]  # the ctypes values (kept alive: ``params`` points at them)
+    pdl: bool = False
     params: Any = None
+    config: Any = None  # cuLaunchKernelEx's, made once (with pdl)
+    attrs: Any = None  # (kept alive: ``config`` points at it)
 
     def __attrs_post_init__(self) -> None:
         self.params = (ctypes.c_void_p * len(self.args))(*[ctypes.addressof(a) for a in self.args])
+        if self.pdl:
+            self.attrs = _LaunchAttribute(_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+            self.attrs.value = (1).to_bytes(4, "little")  # programmaticStreamSerializationAllowed
+            self.config = _LaunchConfig(
+                *self.grid, *self.block, self.shared, None, ctypes.pointer(self.attrs), 1
+            )
 
 
 def pointer(tensor: Any) -> ctypes.c_void_p:

@@ -90,10 +90,10 @@ FAST_DOT_PRECISION = "tf32x3"
 # the fast kernels' tiers: a product's float additions in another order; attention's online
 # softmax, with tl.exp
 # launch each kernel of a split of at most PDL_TOKENS tokens (a decode step) with programmatic
-# dependent launch where the GPU has it (sm_90+; kernels/pdl.py): its launch and first weight
-# loads overlap the previous kernel. On an H200 it takes SmolLM2's decode step from 0.98 to
-# 0.85 ms, and makes a 512-token prefill slower (Qwen fast: 10.0 against 11.8 ms): docs/perf.md
-LAUNCH_PDL = True
+# dependent launch where the GPU has it (sm_90+; kernels/pdl.py; PARITY_PDL=0 turns it off):
+# its launch and first weight loads overlap the previous kernel. On an H200 it takes SmolLM2's
+# decode step from 0.98 to 0.85 ms, and makes a 512-token prefill slower (Qwen fast: 10.0
+# against 11.8 ms): docs/perf.md
 PDL_TOKENS = 16
 FAST_TIERS = {**{op.name: "nmse<=1e-8" for op in PRODUCTS}, "ATTENTION": "nmse<=1e-8"}
 
@@ -144,6 +144,7 @@ class TritonBackend(GpuBackend):
             self.pdl = False
         else:
             from parity.backends.cuda.discovery import probe
+            from parity.backends.gpu.driver import pdl_wanted
             from parity.backends.gpu.pinned import pinning_wanted
             from parity.backends.gpu.runtime import GpuRuntime
 
@@ -154,7 +155,7 @@ class TritonBackend(GpuBackend):
             if pinned is None:
                 pinned = bool(self.options.get("pinned", pinning_wanted()))
             self.rt = GpuRuntime(device.index, pinned=pinned)
-            self.pdl = LAUNCH_PDL and gpu.capability >= (9, 0)  # (kernels/pdl.py)
+            self.pdl = pdl_wanted() and gpu.capability >= (9, 0)  # (kernels/pdl.py)
         import triton
 
         from parity.backends.triton.kernels import (

@@ -277,6 +277,7 @@ __device__ const float NO_VALUES[1] = {0.0f};  // chunk_sums without preloaded v
 // grid (n_head, T)
 template <int D>
 __global__ void __launch_bounds__(CHUNK) attention_rows(AttnArgs a) {
+    pdl_begin();
     __shared__ __align__(16) float tile[TILE_FLOATS];
     __shared__ float sq[D], se[CHUNK], sn[D], smem[32], kept[KEEP_CHUNKS * CHUNK];
     const int h = blockIdx.x, t = blockIdx.y;
@@ -309,6 +310,7 @@ __global__ void __launch_bounds__(CHUNK) attention_rows(AttnArgs a) {
 // chunks' scores (for the max) stream through the tile after that.
 template <int D>
 __global__ void __launch_bounds__(CHUNK) attention_chunks(AttnArgs a) {
+    pdl_begin();
     constexpr int SLABS = D / 32, G = SLABS < 2 ? SLABS : 2;  // K slabs held at once
     constexpr int VPRE = D < 64 ? D : 64;                      // V rows loaded up front
     __shared__ __align__(16) float tiles[TILE_FLOATS];
@@ -380,6 +382,7 @@ __global__ void __launch_bounds__(CHUNK) attention_chunks(AttnArgs a) {
 // grid (n_head, T, n_split): split z covers chunks [z * cps, (z + 1) * cps)
 template <int D>
 __global__ void __launch_bounds__(CHUNK) attention_split_max(AttnArgs a) {
+    pdl_begin();
     __shared__ __align__(16) float tile[TILE_FLOATS];
     __shared__ float sq[D], smem[32];
     const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z;
@@ -396,6 +399,7 @@ __global__ void __launch_bounds__(CHUNK) attention_split_max(AttnArgs a) {
 
 template <int D>
 __global__ void __launch_bounds__(CHUNK) attention_split_sums(AttnArgs a) {
+    pdl_begin();
     __shared__ __align__(16) float tile[TILE_FLOATS];
     __shared__ float sq[D], se[CHUNK], sn[D], smem[32];
     const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z;
@@ -425,6 +429,7 @@ __global__ void __launch_bounds__(CHUNK) attention_split_sums(AttnArgs a) {
 // grid (n_head, T): fold the chunk sums in chunk order
 template <int D>
 __global__ void __launch_bounds__(CHUNK) attention_split_fold(AttnArgs a) {
+    pdl_begin();
     const int h = blockIdx.x, t = blockIdx.y;
     const int p = a.positions[t];
     const int c0 = window_lo(a, p) / CHUNK, nc = p / CHUNK + 1;
@@ -512,6 +517,7 @@ __device__ __forceinline__ void heads_scores(float (&s)[H], const float* sq, con
 // grid (n_head_kv, T); H = n_head / n_head_kv
 template <int D, int H>
 __global__ void __launch_bounds__(CHUNK) attention_rows_gqa(AttnArgs a) {
+    pdl_begin();
     constexpr int PARTS = CHUNK / D;
     static_assert(H * CHUNK <= TILE_FLOATS, "the pool holds H x 256 weights");
     __shared__ __align__(16) float pool[TILE_FLOATS];

@@ -11,6 +11,22 @@ typedef long long i64;
 
 #define FULL_MASK 0xffffffffu
 
+// ---- programmatic dependent launch ---------------------------------------------------------
+
+// A kernel launched with programmatic dependent launch (sm_90+, a decode step's kernels) may
+// start while the kernel before it on the stream still runs. Every kernel calls pdl_begin
+// before it reads or writes anything another kernel touches: griddepcontrol.wait returns once
+// the previous grid has finished and its writes are visible (at once when it was launched
+// plainly), and launch_dependents then lets the next kernel start, which waits for this one in
+// turn, so completion stays ordered along the whole stream. Only what a kernel reads that no
+// kernel writes (a product's weights) may be loaded before it. The bits never depend on it.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // ---- bits --------------------------------------------------------------------------------
 
 __device__ __forceinline__ float bits_f32(u32 b) { return __uint_as_float(b); }

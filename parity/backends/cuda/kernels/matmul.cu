@@ -115,7 +115,8 @@ __device__ __forceinline__ void load_x(const Q8& x, int t, int K, int s, int (&x
 // of 32 leaves are each summed by the butterfly (an aligned subtree of 32 leaves), and those
 // round sums are TREE leaves one level up: warp ``part`` owns the aligned run of W/32/WPR of
 // them, and the WPR warps' subtrees meet in shared memory in tree order. Lanes read their
-// sub-blocks from the warp's shared copy of the round (``smem``), loaded coalesced.
+// sub-blocks from the warp's shared copy of the round (``smem``), loaded coalesced. The first
+// round's weights are asked for before PDL's wait (pdl_begin): no kernel writes them.
 template <int QT, int TMAX, int EPI, int WPR>
 __device__ __forceinline__ void gemv_q_row(float* y, const Q8& x, const u8* w, const u8* w2,
                                            const float* bias, const float* res, int T, int N,
@@ -151,9 +152,10 @@ __device__ __forceinline__ void gemv_q_row(float* y, const Q8& x, const u8* w, c
     };
     if (real > 0) {
 #pragma unroll
-        for (int m = 0; m < NM; ++m) stage[m].load(rows[m], r0, S);
-        load_xs(r0);
+        for (int m = 0; m < NM; ++m) stage[m].load(rows[m], r0, S);  // weights: no kernel writes them
     }
+    pdl_begin();  // (every thread of the block)
+    if (real > 0) load_xs(r0);
     for (int i = 0; i < real; ++i) {
         const int r = r0 + i;
         int offset[NM];
@@ -344,6 +346,7 @@ template <int QT, int TMAX, int EPI>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_f(float* y, const float* x, const u8* w, const u8* w2, const float* bias, const float* res,
        int T, int N, int K, i64 row_bytes) {
+    pdl_begin();
     constexpr bool GATED = (EPI & EPI_SWIGLU) != 0;
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
@@ -399,6 +402,7 @@ template <int QT, int MAXL, int EPI>
 __global__ void __launch_bounds__(GEMM_THREADS)
 gemm_q(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
        int T, int N, int K, i64 row_bytes) {
+    pdl_begin();
     constexpr int L = Layout<QT>::L;
     constexpr int WPS = L / 4;                      // words per sub-block
     constexpr bool GATED = (EPI & EPI_SWIGLU) != 0;
@@ -606,6 +610,7 @@ template <int QT, int EPI>
 __global__ void __launch_bounds__(MMA_THREADS, 2)
 gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
          int T, int N, int K, i64 row_bytes) {
+    pdl_begin();
     typedef MmaGeom<QT, EPI> G;
     extern __shared__ int4 smem_raw[];
     MmaShared<QT, EPI>& sh = *reinterpret_cast<MmaShared<QT, EPI>*>(smem_raw);

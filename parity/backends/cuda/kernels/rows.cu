@@ -13,6 +13,7 @@ enum { OP_ADD = 0, OP_MUL = 1 };
 template <int OP>
 __global__ void binary_f32(float* y, const float* a, const float* b, i64 n, int width,
                            int b_row) {
+    pdl_begin();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
          i += (i64)gridDim.x * blockDim.x) {
         float bv = b[b_row ? i % width : i];
@@ -21,30 +22,35 @@ __global__ void binary_f32(float* y, const float* a, const float* b, i64 n, int 
 }
 
 __global__ void silu_f32(float* y, const float* x, i64 n) {
+    pdl_begin();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
          i += (i64)gridDim.x * blockDim.x)
         y[i] = p_silu(x[i]);
 }
 
 __global__ void swiglu_f32(float* y, const float* g, const float* u, i64 n) {
+    pdl_begin();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
          i += (i64)gridDim.x * blockDim.x)
         y[i] = __fmul_rn(p_silu(g[i]), u[i]);
 }
 
 __global__ void gelu_f32(float* y, const float* x, i64 n) {
+    pdl_begin();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
          i += (i64)gridDim.x * blockDim.x)
         y[i] = p_gelu(x[i]);
 }
 
 __global__ void geglu_f32(float* y, const float* g, const float* u, i64 n) {
+    pdl_begin();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
          i += (i64)gridDim.x * blockDim.x)
         y[i] = __fmul_rn(p_gelu(g[i]), u[i]);
 }
 
 __global__ void scale_f32(float* y, const float* x, i64 n, float c) {
+    pdl_begin();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
          i += (i64)gridDim.x * blockDim.x)
         y[i] = __fmul_rn(x[i], c);
@@ -52,6 +58,7 @@ __global__ void scale_f32(float* y, const float* x, i64 n, float c) {
 
 // x += by: the positions a decode step keeps on the device, advanced after each run
 __global__ void advance_i32(int* x, int n, int by) {
+    pdl_begin();
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
         x[i] += by;
 }
@@ -60,6 +67,7 @@ __global__ void advance_i32(int* x, int n, int by) {
 
 // x (rows, K) -> Q8A (q (rows, K), d and s (rows, K/32)); one warp per block
 __global__ void quantize_q8(i8* q, float* d, float* s, const float* x, i64 n_blocks) {
+    pdl_begin();
     const int warps = blockDim.x >> 5;
     for (i64 b = blockIdx.x * (i64)warps + (threadIdx.x >> 5); b < n_blocks;
          b += (i64)gridDim.x * warps) {
@@ -104,6 +112,7 @@ __device__ float block_tree(float v, int P, float* smem) {
 __global__ void __launch_bounds__(NORM_THREADS)
 rms_norm_f32(float* y, i8* q, float* qd, float* qs, const float* x, const float* w, int width,
              float eps) {
+    pdl_begin();
     extern __shared__ float srow[];  // width floats, when quantizing
     __shared__ float tmp[33];
     const i64 row = blockIdx.x;
@@ -205,6 +214,7 @@ __device__ __forceinline__ void rope_pair(const RopeArgs& a, float* y, const flo
 
 template <int NEOX>
 __global__ void rope_f32(RopeArgs a) {
+    pdl_begin();
     const i64 per_head = (a.n_rot >> 1) + (a.head_dim - a.n_rot);
     const i64 n0 = (i64)a.n_tokens * a.heads0 * per_head;
     const i64 n1 = (i64)a.n_tokens * a.heads1 * per_head;
@@ -226,6 +236,7 @@ __global__ void rope_f32(RopeArgs a) {
 // cache[positions[t], :] = rows[t, :]
 __global__ void kv_write_f32(float* cache, const float* rows, const int* positions, int n_tokens,
                              int width) {
+    pdl_begin();
     const i64 total = (i64)n_tokens * width;
     for (i64 k = blockIdx.x * (i64)blockDim.x + threadIdx.x; k < total;
          k += (i64)gridDim.x * blockDim.x) {
@@ -240,6 +251,7 @@ __global__ void kv_write_f32(float* cache, const float* rows, const int* positio
 template <int QT>
 __global__ void get_rows(float* y, const u8* w, const int* ids, int n_tokens, int K,
                          i64 row_bytes) {
+    pdl_begin();
     const i64 total = (i64)n_tokens * K;
     for (i64 k = blockIdx.x * (i64)blockDim.x + threadIdx.x; k < total;
          k += (i64)gridDim.x * blockDim.x) {
@@ -288,6 +300,7 @@ __device__ unsigned long long block_key_max(unsigned long long k, unsigned long 
 
 __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_f32(int* out, const float* x, int width, unsigned long long* keys, int* tickets) {
+    pdl_begin();
     __shared__ unsigned long long smem[ARGMAX_THREADS / 32];
     __shared__ int last;
     const int row = blockIdx.y, slices = gridDim.x;

@@ -7,7 +7,7 @@ has finished and its writes are visible, and ``launch_dependents`` then lets the
 start. The bits do not depend on it: only when the work starts does.
 
 ``PDL`` is a compile-time switch: off, the call is nothing (Triton's interpreter, GPUs before
-sm_90, or the backend's ``LAUNCH_PDL`` off).
+sm_90, or ``PARITY_PDL=0``).
 """
 
 from __future__ import annotations
