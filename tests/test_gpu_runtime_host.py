@@ -96,7 +96,9 @@ KERNELS = [
     *(("matmul.cu", f"gemv_q<{t}, 1, 2, 4>") for t in (12, 14)),
     ("matmul.cu", "gemv_q<3, 4, 4, 2>"),
     ("matmul.cu", "gemv_q<8, 8, 4, 4>"),
-    ("matmul.cu", "gemv_q_multi<6, 8, 1, 1, 1>"),
+    ("matmul.cu", "gemv_q_multi<6, 8, 1, 1, 1, 2>"),
+    ("matmul.cu", "gemv_q_multi<3, 3, 1, 0, 1, 1>"),
+    ("matmul.cu", "gemv_q_multi<3, 3, 8, 0, 2, 0>"),
     ("matmul.cu", "gemv_q_q8<12, 1, 4, 1>"),
     ("matmul.cu", "gemv_f<1, 1, 2>"),
     ("matmul.cu", "gemm_q<14, 10, 1>"),
@@ -229,10 +231,20 @@ def test_lowering_covers_every_node_of_the_real_models(name, tokens):
     alone = [i for i in nodes if graph.nodes[i].op is Op.QUANTIZE
              and graph.nodes[graph.nodes[i].src[0]].op not in producers]  # fmt: skip
     assert names.count("quantize_q8") == len(alone)  # the others: their producer's launch
-    assert "kv_write_f32" not in names  # k and v rows: the layer's rope launch writes them
-    assert sum(n.startswith("rope_f32") for n in names) == spec.n_layer  # q and k: one launch
-    if tokens == 1:  # norm, q/k/v, rope, attention, o, norm, gate/up, down: 8 a layer
-        assert len(lowered.launches) == 8 * spec.n_layer + 4, names[:12]
+    assert "kv_write_f32" not in names  # k and v rows: the layer's q/k/v or rope launch
+    ropes = sum(n.startswith("rope_f32") for n in names)
+    multi = [
+        n[n.index("<") + 1 : -1].split(", ") for n in names if n.startswith("gemv_q_multi")
+    ]  # fmt: skip  (template arguments, ROPE last)
+    if tokens <= 8:  # q, k, v, their ROPEs and KV_WRITEs: one launch
+        mode = "2" if name.startswith("qwen") else "1"  # neox pairs, adjacent pairs
+        assert [args[-1] for args in multi] == [mode] * spec.n_layer
+        assert ropes == 0
+    else:
+        assert ropes == spec.n_layer  # q's and k's: one launch
+    if tokens == 1:  # norm, q/k/v with their ROPEs and cache writes, attention, o, norm,
+        # gate/up, down: 7 a layer
+        assert len(lowered.launches) == 7 * spec.n_layer + 4, names[:12]
     if tokens > 8:  # a prefill's products on the tensor cores: q, k, v, o, gate/up, down
         assert sum(n.startswith("gemm_mma") for n in names) == 6 * spec.n_layer
         assert not any(n.startswith("gemm_q") for n in names)

@@ -324,6 +324,47 @@ def _unfused_attention_out(
     return make
 
 
+def _unfused_attention_block(
+    dtype: DType, e: int, heads: tuple[int, int, int], mode: str, bias: bool, start: int,
+    t: int, n_ctx: int, eps: float,
+):  # fmt: skip
+    """A decoder's attention block up to the attention as the graph builder writes it: the norm
+    and its weight, q/k/v (with biases), the ROPEs of q and k, the cache writes of k and v, then
+    attention over caches with history. A backend may launch the products with their ROPEs and
+    cache writes."""
+    n_head, n_kv, head_dim = heads
+
+    def make(g: _Builder) -> Ref:
+        x = g.input("x", activations(g.rng, (t, e)))
+        h = g.op(Op.MUL, g.op(Op.RMS_NORM, x, arg=eps), g.weight("norm", F32, (e,)))
+
+        def project(name: str, rows: int) -> Ref:
+            w = [g.weight(name, dtype, (rows, e))]
+            if bias:
+                w.append(g.weight(f"{name}.bias", F32, (rows,)))
+            return g.op(Op.MATMUL, h, *w)
+
+        q = project("q", n_head * head_dim)
+        k = project("k", n_kv * head_dim)
+        v = project("v", n_kv * head_dim)
+        caches = []
+        for name in ("k", "v"):
+            cache = np.full((n_ctx, n_kv * head_dim), SENTINEL, np.float32)
+            cache[:start] = activations(g.rng, (start, n_kv * head_dim), special=False)
+            caches.append(g.state(name, cache))
+        pos = g.input("pos", np.arange(start, start + t, dtype=np.int32))
+        tables = zip(("cos", "sin"), rope_tables(n_ctx, head_dim, 10000.0), strict=True)
+        cos, sin = (g.weight(n, F32, a.shape, a) for n, a in tables)
+        q = g.op(Op.ROPE, q, pos, cos, sin, arg=RopeArg(n_head, head_dim, head_dim, mode))
+        k = g.op(Op.ROPE, k, pos, cos, sin, arg=RopeArg(n_kv, head_dim, head_dim, mode))
+        kc = g.op(Op.KV_WRITE, caches[0], k, pos)
+        vc = g.op(Op.KV_WRITE, caches[1], v, pos)
+        scale = float(np.float32(1 / np.sqrt(head_dim)))
+        return g.op(Op.ATTENTION, q, kc, vc, pos, arg=AttentionArg(n_head, n_kv, head_dim, scale))
+
+    return make
+
+
 def op_suite() -> list[CaseSpec]:
     """The whole suite, in a fixed order (ids are stable across runs and machines)."""
     specs: list[CaseSpec] = []
@@ -597,6 +638,14 @@ def fused_suite() -> list[CaseSpec]:
                 Op.ADD,
                 dtype,
                 _unfused_attention_out(dtype, *heads, 40, t, 256),
+                rewrite=True,
+            )
+            mode, bias = ("normal", False) if spec.arch == "llama" else ("neox", True)
+            add(
+                f"fusion-attention-block-{dtype.name}-{e}-{mode}{'-bias' * bias}-p40-t{t}",
+                Op.ATTENTION,
+                dtype,
+                _unfused_attention_block(dtype, e, heads, mode, bias, 40, t, 256, spec.rms_eps),
                 rewrite=True,
             )
     return specs

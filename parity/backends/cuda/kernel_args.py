@@ -70,3 +70,17 @@ class GemvSegsArg(ctypes.Structure):
     """``struct GemvSegs`` of matmul.cu: up to three products in one launch (unused: N = 0)."""
 
     _fields_ = [("s0", GemvSegArg), ("s1", GemvSegArg), ("s2", GemvSegArg)]
+
+
+class RopeSegsArg(ctypes.Structure):
+    """``struct RopeSegs`` of matmul.cu: the ROPEs and KV_WRITEs a q/k/v launch does too."""
+
+    _fields_ = [
+        ("out", ctypes.c_void_p * 2),
+        ("cache", ctypes.c_void_p * 3),
+        ("positions", ctypes.c_void_p),
+        ("cos_t", ctypes.c_void_p),
+        ("sin_t", ctypes.c_void_p),
+        ("head_dim", ctypes.c_int),
+        ("n_rot", ctypes.c_int),
+    ]

@@ -4,8 +4,10 @@ and which nodes one launch computes together.
 Launch-level fusions (same operations, same bits as the nodes one by one):
 
 - RMS_NORM[_MUL] then QUANTIZE of it: the norm kernel also writes the Q8A value;
-- ROPE then a KV_WRITE of its rows: the rope kernel also writes the cache rows; q's and k's
-  ROPEs, their KV_WRITEs and v's KV_WRITE at the same positions are one launch;
+- q, k and v products of one x: one launch; with their ROPEs and KV_WRITEs when those read
+  the products directly (matmul.cu's rope_kv_rows: a block computes both rows of a pair);
+- ROPE then a KV_WRITE of its rows otherwise: the rope kernel also writes the cache rows; q's
+  and k's ROPEs, their KV_WRITEs and v's KV_WRITE at the same positions are one launch;
 - ATTENTION then QUANTIZE of it: the attention kernel also writes the Q8A value.
 
 Every node's value is still written to its own buffer (the runtime may read any of them back),
@@ -20,7 +22,7 @@ from typing import Any
 
 import attrs
 
-from parity.backends.cuda.kernel_args import AttnArg, GemvSegsArg, Q8Arg, RopeArg
+from parity.backends.cuda.kernel_args import AttnArg, GemvSegsArg, Q8Arg, RopeArg, RopeSegsArg
 from parity.backends.gpu.driver import Launch, pack, pointer
 from parity.backends.gpu.runtime import Q8Value
 from parity.core.dtypes import DType
@@ -45,6 +47,7 @@ GQA_HEADS_MAX = 8  # prefill attention takes up to this many query heads of a KV
 GQA_WIDTH_MAX = 1024  # ... whose q and sums (heads x head_dim floats, twice) fit shared memory
 CHUNKS_ONE_LAUNCH = 32  # ... in one launch for caches of at most this many chunks (8192 rows):
 # each block finds the max over the visible chunks itself; longer caches: three launches
+NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs
 
 
 def grid1(n: int, per: int = 256, cap: int = 65535) -> tuple[int, int, int]:
@@ -577,10 +580,60 @@ class Lowering:
         epi = EPI_BIAS if len(first.src) == 3 else 0
         tmax = next(c for c in GEMV_TOKENS if c >= t)
         qt2 = common if slots[2] is None else nodes[nodes[slots[2]].src[1]].dtype
-        self._launch("matmul.cu",
-                     f"gemv_q_multi<{common.value}, {qt2.value}, {tmax}, {epi}, {wpr}>",
-                     (blocks, 1, 1), (32 * GEMV_WARPS, 1, 1), [segs, xq, t, k])  # fmt: skip
+        mode, rope = self._qkv_rope(slots, GEMV_WARPS // wpr)
+        kind = f"{common.value}, {qt2.value}, {tmax}, {epi}, {wpr}, {mode}"
+        self._launch("matmul.cu", f"gemv_q_multi<{kind}>", (blocks, 1, 1),
+                     (32 * GEMV_WARPS, 1, 1), [segs, xq, t, k, rope])  # fmt: skip
         self.done.update(group)
+
+    def _qkv_rope(self, slots: list[int | None], rows: int) -> tuple[int, RopeSegsArg]:
+        """The ROPEs and KV_WRITEs a q/k/v launch can do too (matmul.cu's RopeSegs), and its
+        ROPE mode (0: none, 1: adjacent pairs, 2: neox): segments 0 and 1 each read only by
+        a ROPE of the same positions and tables, segment 2 only by a KV_WRITE or nothing, the
+        rotated rows' KV_WRITEs at those positions, and blocks of whole pairs."""
+        nodes = self.graph.nodes
+
+        def only_reader(i: int) -> int | None:
+            inside = [u for u in self.readers.get(i, []) if u in self.inside]
+            return inside[0] if len(inside) == 1 else None
+
+        ropes = [None if i is None else only_reader(i) for i in slots[:2]]
+        if rows % 2 or None in ropes or None in slots[:2]:
+            return 0, NO_ROPE
+        r0, r1 = (nodes[r] for r in ropes)
+        if (
+            (r0.op, r1.op) != (Op.ROPE, Op.ROPE)
+            or r0.src[1:] != r1.src[1:]
+            or any(nodes[r].src[0] != i for r, i in zip(ropes, slots, strict=False))
+        ):
+            return 0, NO_ROPE
+        arg = r0.arg
+        if attrs.evolve(r1.arg, n_head=arg.n_head) != arg or arg.n_rot % 2:
+            return 0, NO_ROPE
+        positions = r0.src[1]
+
+        def kv_of(i: int) -> int | None:  # the KV_WRITE of i's rows at the ropes' positions
+            kv = only_reader(i)
+            if kv is None or nodes[kv].op is not Op.KV_WRITE or nodes[kv].src[1:] != (i, positions):
+                return None
+            return kv if self._ready(nodes[kv].src[0]) and self._may_write_now(kv) else None
+
+        kvs = [kv_of(r) for r in ropes]
+        if slots[2] is not None:
+            kvs.append(kv_of(slots[2]))
+            if kvs[2] is None:
+                return 0, NO_ROPE  # v read by something else: its own launch would be needed
+        a = RopeSegsArg()
+        for j, r in enumerate(ropes):
+            a.out[j] = self._ptr(r).value
+        for j, kv in enumerate(kvs):
+            if kv is not None:
+                a.cache[j] = self._ptr(nodes[kv].src[0]).value
+        a.positions, a.cos_t, a.sin_t = (self._ptr(s).value for s in r0.src[1:])
+        a.head_dim, a.n_rot = arg.head_dim, arg.n_rot
+        self.done.update(ropes)
+        self.done.update(kv for kv in kvs if kv is not None)
+        return (2 if arg.mode == "neox" else 1), a
 
     def _matmul_add(self, i, node, follow):
         bias = node.src[2] if len(node.src) == 4 else None

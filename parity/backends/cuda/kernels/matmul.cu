@@ -307,35 +307,104 @@ struct GemvSegs {
     GemvSeg s0, s1, s2;
 };
 
-template <int QT, int QT2, int TMAX, int EPI, int WPR>
+// ROPE (1: adjacent pairs, 2: neox) of segments 0 and 1 and the KV_WRITE of their rotated rows
+// and of segment 2's rows, in the same launch (q, k and v of a layer's decode step). Each block
+// computes both rows of each rotated pair (rope_row orders a segment's rows so), then rotates
+// them as rows.cu's rope_pair does: same operations, same bits. A null ``out`` or ``cache``:
+// that segment has none.
+struct RopeSegs {
+    float* out[2];    // the ROPE values of segments 0 and 1, (T, N)
+    float* cache[3];  // each segment's cache (its rows, rotated for 0 and 1, go to row positions[t])
+    const int* positions;
+    const float* cos_t;
+    const float* sin_t;
+    int head_dim, n_rot;
+};
+
+// the row a segment's slot-th row computes with ROPE: the two rows of each pair next to each
+// other (neox pairs i and i + n_rot/2 of a head; adjacent pairs already are), the copied
+// dimensions n_rot.. where they are
+template <int ROPE>
+__device__ __forceinline__ int rope_row(int slot, const RopeSegs& r) {
+    const int h = slot / r.head_dim, o = slot % r.head_dim;
+    if (ROPE != 2 || o >= r.n_rot) return slot;
+    return h * r.head_dim + (o >> 1) + (o & 1) * (r.n_rot >> 1);
+}
+
+// after a block's rows of segment ``si`` are written (slots first .. first + rows - 1): the
+// rotation of its pairs and the cache rows
+template <int ROPE>
+__device__ void rope_kv_rows(const RopeSegs& r, const GemvSeg& sg, int si, int first, int rows,
+                             int T) {
+    const int D = r.head_dim, half = r.n_rot >> 1, N = sg.N;
+    // (selected, not indexed: a run-time index would put the struct in local memory)
+    float* cache = si == 0 ? r.cache[0] : si == 1 ? r.cache[1] : r.cache[2];
+    float* rotated = si == 0 ? r.out[0] : r.out[1];
+    for (int k = threadIdx.x; k < T * rows; k += blockDim.x) {
+        const int t = k / rows, slot = first + k % rows;
+        if (slot >= N) continue;
+        const i64 p = r.positions[t];
+        const float* yr = sg.y + (i64)t * N;
+        const int o = slot % D;
+        if (si == 2 || o >= r.n_rot) {  // v, or a copied dimension
+            const float v = yr[slot];
+            if (si < 2) rotated[(i64)t * N + slot] = v;
+            if (cache != nullptr) cache[p * N + slot] = v;
+            continue;
+        }
+        if (o & 1) continue;  // a pair is rotated by the thread of its first slot
+        const int h = slot / D, i = o >> 1;
+        const int i0 = h * D + (ROPE == 2 ? i : 2 * i), i1 = h * D + (ROPE == 2 ? i + half : 2 * i + 1);
+        const float c = r.cos_t[p * half + i], s = r.sin_t[p * half + i];
+        const float x0 = yr[i0], x1 = yr[i1];
+        const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        const float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        float* out = rotated + (i64)t * N;
+        out[i0] = y0;
+        out[i1] = y1;
+        if (cache != nullptr) {
+            cache[p * N + i0] = y0;
+            cache[p * N + i1] = y1;
+        }
+    }
+}
+
+template <int QT, int QT2, int TMAX, int EPI, int WPR, int ROPE>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_q_multi(GemvSegs segs, Q8 x, int T, int K) {
+gemv_q_multi(GemvSegs segs, Q8 x, int T, int K, RopeSegs rope) {
+    constexpr int ROWS = GEMV_WARPS / WPR;  // rows of a block
+    static_assert(!ROPE || ROWS % 2 == 0, "a block computes both rows of a rotated pair");
     __shared__ union {
         GemvShared<QT, TMAX, EPI, WPR> a;
         GemvShared<QT2, TMAX, EPI, WPR> b;
     } shu;
-    int blk = blockIdx.x;
+    int blk = blockIdx.x, si = 0;
     GemvSeg sg = segs.s0;
-    bool second_type = false;
     if (blk >= segs.s0.blocks) {
         blk -= segs.s0.blocks;
         sg = segs.s1;
+        si = 1;
         if (blk >= segs.s1.blocks) {
             blk -= segs.s1.blocks;
             sg = segs.s2;
-            second_type = true;
+            si = 2;
         }
     }
-    const int n = blk * (GEMV_WARPS / WPR) + (threadIdx.x >> 5) / WPR;
+    const int slot = blk * ROWS + (threadIdx.x >> 5) / WPR;
+    const int n = ROPE && si < 2 ? rope_row<ROPE>(slot, rope) : slot;
     const int row = min(n, sg.N - 1);
-    if (QT2 != QT && second_type) {
+    if (QT2 != QT && si == 2) {
         auto& sh = shu.b;
         GEMV_ROW(QT2, TMAX, EPI, WPR, sg.y, sg.w, nullptr, sg.bias, nullptr, sg.N, sg.row_bytes,
-                 row, n < sg.N);
+                 row, slot < sg.N);
     } else {
         auto& sh = shu.a;
         GEMV_ROW(QT, TMAX, EPI, WPR, sg.y, sg.w, nullptr, sg.bias, nullptr, sg.N, sg.row_bytes,
-                 row, n < sg.N);
+                 row, slot < sg.N);
+    }
+    if (ROPE) {
+        __syncthreads();  // the block's rows of y, written by each row's lane 0
+        rope_kv_rows<ROPE>(rope, sg, si, blk * ROWS, ROWS, T);
     }
 }
 
