@@ -1,0 +1,135 @@
+"""parity's GPU backends beside llama.cpp on the same model files, in one run: decode tok/s at
+context depths, prefill tok/s and time to first token at prompt sizes, and the first decode
+step against the steady one. Prints one table and writes JSON.
+
+    python benchmarks/bench_gpu.py MODEL.gguf [MODEL.gguf ...]
+        [--runners cuda:exact,triton:exact,triton:fast] [--depths 0,4096] [--prefill 128,512]
+        [--gen 128] [--repeat 3] [--llama-bench /tmp/lcpp/build/bin/llama-bench] [--json F]
+
+A runner is BACKEND:NUMERICS, optionally with environment settings its backend reads when it
+is made: ``cuda:exact:PARITY_PDL=0``. Each (runner, size) is ``parity bench``'s measurement
+(a warm-up pass, then a greedy generation after a prompt of that many seeded random tokens),
+repeated ``--repeat`` times; the table gives medians. Decode at depth d is the steady step
+after a d-token prompt (d = 0: a 1-token prompt). llama.cpp runs when ``--llama-bench`` names
+a build: ``-ngl 99 -fa 1``, prefill at depth 0 and tg128 at each depth, ``-r`` = repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import parity
+from parity.measure.bench import bench
+
+
+def run_parity(model: str, runner: str, sizes: list[int], gen: int, repeat: int) -> dict:
+    backend, numerics, *env = runner.split(":")
+    saved = {k: os.environ.get(k) for k, _ in (e.split("=", 1) for e in env)}
+    os.environ.update(dict(e.split("=", 1) for e in env))
+    try:
+        t0 = time.perf_counter()
+        m = parity.load(model, backend=backend, numerics=numerics, strict=True,
+                        n_ctx=max(sizes) + gen + 16)  # fmt: skip
+        load_s = time.perf_counter() - t0
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    out: dict = {"load_s": round(load_s, 3), "sizes": {}}
+    for size in sizes:
+        runs = [bench(m, max(size, 1), gen) for _ in range(repeat)]
+        med = {key: statistics.median(getattr(r, key) for r in runs)
+               for key in ("prefill_tok_s", "decode_tok_s", "ttft_ms", "first_step_ms",
+                           "step_ms")}  # fmt: skip
+        med["decode_capture"] = runs[-1].decode_capture
+        out["sizes"][size] = med
+    m.close()
+    return out
+
+
+def run_llama(llama_bench: str, model: str, depths: list[int], prefill: list[int], gen: int,
+              repeat: int) -> dict:  # fmt: skip
+    common = [llama_bench, "-m", model, "-ngl", "99", "-fa", "1", "-r", str(repeat), "-o", "json"]
+    rows = []
+    for extra in (["-p", ",".join(map(str, prefill)), "-n", "0"],
+                  ["-p", "0", "-n", str(gen), "-d", ",".join(map(str, depths))]):  # fmt: skip
+        done = subprocess.run(common + extra, capture_output=True, text=True, check=True)
+        rows += json.loads(done.stdout)
+    out: dict = {"prefill": {}, "decode": {}}
+    for r in rows:
+        key = "prefill" if r["n_gen"] == 0 else "decode"
+        size = r["n_prompt"] if key == "prefill" else r.get("n_depth", 0)
+        out[key][size] = {"tok_s": round(r["avg_ts"], 1), "stddev": round(r["stddev_ts"], 1)}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--runners", default="cuda:exact,triton:exact,triton:fast")
+    ap.add_argument("--depths", default="0,4096")
+    ap.add_argument("--prefill", default="128,512")
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--llama-bench", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    depths = [int(d) for d in args.depths.split(",")]
+    prefill = [int(p) for p in args.prefill.split(",")]
+    sizes = sorted(set(depths) | set(prefill))
+    results: dict = {}
+    for model in args.models:
+        name = Path(model).stem
+        results[name] = {}
+        for runner in args.runners.split(","):
+            results[name][runner] = run_parity(model, runner, sizes, args.gen, args.repeat)
+            print(f"{name} {runner}: {json.dumps(results[name][runner]['sizes'])}", flush=True)
+        if args.llama_bench:
+            results[name]["llama.cpp"] = run_llama(args.llama_bench, model, depths, prefill,
+                                                   args.gen, args.repeat)  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    print_table(results, depths, prefill)
+
+
+def print_table(results: dict, depths: list[int], prefill: list[int]) -> None:
+    head = ([f"decode d{d}" for d in depths] + [f"pp{p}" for p in prefill]
+            + [f"TTFT {prefill[-1]} ms", "first/steady"])  # fmt: skip
+    print("| model | runner | " + " | ".join(head) + " |")
+    print("|---|---|" + "---:|" * len(head))
+    for name, runners in results.items():
+        peer = runners.get("llama.cpp")
+        for runner, r in runners.items():
+            if runner == "llama.cpp":
+                cells = [_tok(r["decode"].get(d)) for d in depths]
+                cells += [_tok(r["prefill"].get(p)) for p in prefill] + ["", ""]
+            else:
+                s = r["sizes"]
+                cells = [_ratio(s[d]["decode_tok_s"], peer and peer["decode"].get(d))
+                         for d in depths]  # fmt: skip
+                cells += [_ratio(s[p]["prefill_tok_s"], peer and peer["prefill"].get(p))
+                          for p in prefill]  # fmt: skip
+                last = s[prefill[-1]]
+                cells += [f"{last['ttft_ms']:.2f}",
+                          f"{last['first_step_ms'] / last['step_ms']:.2f}x"]  # fmt: skip
+            print(f"| {name} | {runner} | " + " | ".join(cells) + " |")
+
+
+def _tok(r: dict | None) -> str:
+    return "" if r is None else f"{r['tok_s']:,.1f} ± {r['stddev']:,.1f}"
+
+
+def _ratio(value: float, peer: dict | None) -> str:
+    return f"{value:,.1f}" + ("" if not peer else f" ({value / peer['tok_s']:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
