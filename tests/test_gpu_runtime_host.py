@@ -84,6 +84,24 @@ def test_pinning_switch():
     assert pool.empty(np.float32, (2,)).shape == (2,) and pool.reserved == 0
 
 
+def test_pdl_switch_and_the_launch_config_cuda_h_lays_out():
+    import ctypes
+
+    from parity.backends.gpu.driver import Launch, _LaunchConfig, pdl_wanted
+
+    assert pdl_wanted({}) is True
+    assert pdl_wanted({"PARITY_PDL": "0"}) is False
+    assert pdl_wanted({"PARITY_PDL": "off"}) is False
+    assert Launch("k", 0, (1, 1, 1), (32, 1, 1), 0, ()).config is None  # a plain launch
+    config = Launch("k", 0, (3, 2, 1), (128, 1, 1), 64, (), pdl=True).config
+    assert (config.gx, config.gy, config.gz, config.bx, config.shared) == (3, 2, 1, 128, 64)
+    attribute = bytes(config.attrs.contents)  # programmatic stream serialization, allowed
+    assert (attribute[:4], attribute[8:12], config.n_attrs) == (b"\x06\0\0\0", b"\x01\0\0\0", 1)
+    # CUlaunchConfig on a 64-bit host: seven uints, the stream at 32, attrs at 40, 56 in all
+    assert (_LaunchConfig.stream.offset, _LaunchConfig.attrs.offset) == (32, 40)
+    assert ctypes.sizeof(_LaunchConfig) == 56
+
+
 # -- the kernels compile (NVRTC needs no GPU) -------------------------------------------------
 
 KERNELS = [
