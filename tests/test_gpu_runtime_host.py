@@ -102,6 +102,20 @@ def test_pdl_switch_and_the_launch_config_cuda_h_lays_out():
     assert ctypes.sizeof(_LaunchConfig) == 56
 
 
+@pytest.mark.parametrize(("tokens", "decode"), [(1, True), (16, True), (17, False), (512, False)])
+def test_decode_sized_splits_take_pdl(tokens, decode):
+    from parity.arch.decoder import build_decoder
+    from parity.arch.params import GraphParams
+    from parity.arch.synthetic import synthetic_model, tiny_spec
+    from parity.backends.gpu.backend import GpuBackend
+    from parity.core.backend import Split
+
+    spec, _ = synthetic_model(tiny_spec("llama"))
+    graph = build_decoder(spec, GraphParams(n_tokens=tokens, n_ctx=1024, n_out=1))
+    nodes = tuple(i for i, n in enumerate(graph.nodes) if not n.op.is_leaf)
+    assert GpuBackend.decode_sized(Split(0, "cuda", graph, nodes, (), ())) is decode
+
+
 # -- the kernels compile (NVRTC needs no GPU) -------------------------------------------------
 
 KERNELS = [
@@ -251,9 +265,8 @@ def test_lowering_covers_every_node_of_the_real_models(name, tokens):
     assert names.count("quantize_q8") == len(alone)  # the others: their producer's launch
     assert "kv_write_f32" not in names  # k and v rows: the layer's q/k/v or rope launch
     ropes = sum(n.startswith("rope_f32") for n in names)
-    multi = [
-        n[n.index("<") + 1 : -1].split(", ") for n in names if n.startswith("gemv_q_multi")
-    ]  # fmt: skip  (template arguments, ROPE last)
+    # the q/k/v launches' template arguments, ROPE last
+    multi = [n[n.index("<") + 1 : -1].split(", ") for n in names if n.startswith("gemv_q_multi")]
     if tokens <= 8:  # q, k, v, their ROPEs and KV_WRITEs: one launch
         mode = "2" if name.startswith("qwen") else "1"  # neox pairs, adjacent pairs
         assert [args[-1] for args in multi] == [mode] * spec.n_layer

@@ -9,9 +9,9 @@ kernels, its resident weights (the GGUF's own bytes, uploaded once).
 ``rewrite`` fuses as the cpu's numba mode does, and quantizes every quantized product's x in a
 QUANTIZE node of its own, which the launch that produces x writes (``lowering``). ``prepare``
 builds a split's launches once, on buffers bound for the executable's life; ``execute`` enqueues
-them; ``capture`` records them as one CUDA graph. On sm_90 and newer the launches of a split of
-at most PDL_TOKENS tokens (a decode step) use programmatic dependent launch: each kernel starts
-while the one before it finishes, and a product loads its first weights before it waits
+them; ``capture`` records them as one CUDA graph. On sm_90 and newer the launches of a
+decode-sized split (``GpuBackend.decode_sized``) use programmatic dependent launch: each kernel
+starts while the one before it finishes, and a product loads its first weights before it waits
 (kernels/common.cuh, ``pdl_begin``). ``pdl = false`` in ``[backends.cuda]`` (or
 ``PARITY_PDL=0``) turns it off.
 """
@@ -31,14 +31,13 @@ from parity.core.backend import (
 )
 from parity.core.dtypes import DType
 from parity.core.fusion import PASSES, fuse
-from parity.core.ir import MATMULS, Graph, Node, Op
+from parity.core.ir import Graph, Node, Op
 from parity.core.scheduler import accepts
 from parity.errors import BackendError, ConfigError
 
 OPS = frozenset(Op) - {Op.INPUT, Op.WEIGHT, Op.STATE}
 ADVANCE = ("rows.cu", "advance_i32")  # the kernel of ``increment``
 SPLIT_CHUNKS = 1  # chunks per block of flash-decoding attention
-PDL_TOKENS = 16  # programmatic dependent launch for splits of at most this many tokens
 
 
 class CudaExecutable(GpuExecutable):
@@ -159,9 +158,7 @@ class CudaBackend(GpuBackend):
         for i in split.nodes:
             for s in graph.nodes[i].src:
                 readers.setdefault(s, []).append(i)
-        tokens = max((graph.nodes[i].shape[0] for i in split.nodes
-                      if graph.nodes[i].op in (*MATMULS, Op.ATTENTION)), default=1)  # fmt: skip
-        pdl = self.pdl and tokens <= PDL_TOKENS
+        pdl = self.pdl and self.decode_sized(split)
         lowering = Lowering(
             graph, values, self._weights, self._enqueue, self._copy, self.alloc, SPLIT_CHUNKS, pdl
         )

@@ -598,14 +598,10 @@ class Lowering:
             return inside[0] if len(inside) == 1 else None
 
         ropes = [None if i is None else only_reader(i) for i in slots[:2]]
-        if rows % 2 or None in ropes or None in slots[:2]:
+        if rows % 2 or None in ropes:
             return 0, NO_ROPE
-        r0, r1 = (nodes[r] for r in ropes)
-        if (
-            (r0.op, r1.op) != (Op.ROPE, Op.ROPE)
-            or r0.src[1:] != r1.src[1:]
-            or any(nodes[r].src[0] != i for r, i in zip(ropes, slots, strict=False))
-        ):
+        r0, r1 = (nodes[r] for r in ropes)  # (a ROPE reads a product only as its rows)
+        if (r0.op, r1.op) != (Op.ROPE, Op.ROPE) or r0.src[1:] != r1.src[1:]:
             return 0, NO_ROPE
         arg = r0.arg
         if attrs.evolve(r1.arg, n_head=arg.n_head) != arg or arg.n_rot % 2:

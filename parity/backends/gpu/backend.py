@@ -12,7 +12,12 @@ import numpy as np
 
 from parity.core.backend import Backend, Buffer, CaptureResult, Executable
 from parity.core.dtypes import DType, host_layout
+from parity.core.ir import MATMULS, Op
 from parity.core.weights import WeightData
+
+# programmatic dependent launch (where a backend has it) for splits of at most this many tokens:
+# a decode step gains (docs/perf.md), a 512-token prefill loses
+PDL_TOKENS = 16
 
 
 class GpuExecutable(Executable):
@@ -29,6 +34,13 @@ class GpuBackend(Backend):
     and call ``init_memory()`` in their constructor."""
 
     rt: Any
+
+    @staticmethod
+    def decode_sized(split) -> bool:
+        """Whether a split's products and attention take at most PDL_TOKENS tokens."""
+        counted = (*MATMULS, Op.ATTENTION)
+        nodes = [split.graph.nodes[i] for i in split.nodes]
+        return max((n.shape[0] for n in nodes if n.op in counted), default=1) <= PDL_TOKENS
 
     def init_memory(self) -> None:
         self._weights: dict[str, Any] = {}

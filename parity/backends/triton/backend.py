@@ -89,12 +89,11 @@ FLASH_TILE = (32, 16)
 FAST_DOT_PRECISION = "tf32x3"
 # the fast kernels' tiers: a product's float additions in another order; attention's online
 # softmax, with tl.exp
-# launch each kernel of a split of at most PDL_TOKENS tokens (a decode step) with programmatic
+# launch each kernel of a decode-sized split (GpuBackend.decode_sized) with programmatic
 # dependent launch where the GPU has it (sm_90+; kernels/pdl.py; PARITY_PDL=0 turns it off):
 # its launch and first weight loads overlap the previous kernel. On an H200 it takes SmolLM2's
 # decode step from 0.98 to 0.85 ms, and makes a 512-token prefill slower (Qwen fast: 10.0
 # against 11.8 ms): docs/perf.md
-PDL_TOKENS = 16
 FAST_TIERS = {**{op.name: "nmse<=1e-8" for op in PRODUCTS}, "ATTENTION": "nmse<=1e-8"}
 
 
@@ -272,9 +271,7 @@ class TritonBackend(GpuBackend):
             raw = self._weights[node.arg]
             values[i] = raw.view(views[node.dtype]) if node.dtype in views else raw
         self.graph_nodes = graph.nodes
-        tokens = max((graph.nodes[i].shape[0] for i in split.nodes
-                      if graph.nodes[i].op in (*PRODUCTS, Op.ATTENTION)), default=1)  # fmt: skip
-        self._pdl_split = self.pdl and tokens <= PDL_TOKENS
+        self._pdl_split = self.pdl and self.decode_sized(split)
         self._readers: dict[int, list[int]] = {}
         for i in split.nodes:
             for s in graph.nodes[i].src:
