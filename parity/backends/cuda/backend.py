@@ -37,7 +37,6 @@ from parity.errors import BackendError, ConfigError
 
 OPS = frozenset(Op) - {Op.INPUT, Op.WEIGHT, Op.STATE}
 ADVANCE = ("rows.cu", "advance_i32")  # the kernel of ``increment``
-SPLIT_CHUNKS = 1  # chunks per block of flash-decoding attention
 
 
 class CudaExecutable(GpuExecutable):
@@ -160,7 +159,7 @@ class CudaBackend(GpuBackend):
                 readers.setdefault(s, []).append(i)
         pdl = self.pdl and self.decode_sized(split)
         lowering = Lowering(
-            graph, values, self._weights, self._enqueue, self._copy, self.alloc, SPLIT_CHUNKS, pdl
+            graph, values, self._weights, self._enqueue, self._copy, self.alloc, pdl
         )
         lowered = lowering.lower(split.nodes, readers)
         self.library.ensure(lowered.kernels)  # one batch, compiled in parallel (or cached)

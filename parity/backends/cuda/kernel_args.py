@@ -29,12 +29,13 @@ class AttnArg(ctypes.Structure):
                 "os",
                 "part",
                 "pmax",
+                "scores",
                 "tickets",
             )
         ]
         + [
             (name, ctypes.c_int)
-            for name in ("n_head", "n_head_kv", "n_ctx", "chunks_per_split", "n_split", "window")
+            for name in ("n_head", "n_head_kv", "n_ctx", "chunks_one_launch", "window")
         ]
         + [("scale", ctypes.c_float)]
     )

@@ -45,8 +45,11 @@ NORM_THREADS = 1024  # rows.cu's
 SPLIT_TOKENS = 4  # flash decoding for at most this many tokens
 GQA_HEADS_MAX = 8  # prefill attention takes up to this many query heads of a KV head a block
 GQA_WIDTH_MAX = 1024  # ... whose q and sums (heads x head_dim floats, twice) fit shared memory
-CHUNKS_ONE_LAUNCH = 32  # ... in one launch for caches of at most this many chunks (8192 rows):
-# each block finds the max over the visible chunks itself; longer caches: three launches
+# ... in one launch where a token sees at most this many chunks (each block scores every one for
+# the max: K read once a chunk); more: the scores through scratch (attention.cu). Heads of 256
+# keep one launch longer: their chunk sums (a run of 256 rows a thread) are latency-bound, 77 us
+# a launch at depth 1000 on the Gemma 3 twin against 7 for the scores (docs/perf.md)
+CHUNKS_ONE_LAUNCH = {64: 2, 128: 2, 256: 32}
 NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs
 
 
@@ -122,7 +125,6 @@ class Lowering:
         launch: Callable[[Launch], None],
         copy: Callable[[Any, Any], None],
         scratch: Callable[[DType, tuple[int, ...]], Any],
-        n_split_chunks: int,
         pdl: bool = False,
     ) -> None:
         self.graph = graph
@@ -131,7 +133,6 @@ class Lowering:
         self.enqueue = launch
         self.copy = copy
         self.new_scratch = scratch
-        self.split_chunks = n_split_chunks
         self.pdl = pdl  # every launch with programmatic dependent launch
         self.out: Lowered = Lowered([], [], set(), [])
         self.done: set[int] = set()
@@ -397,35 +398,28 @@ class Lowering:
         a.window = arg.window
         chunks = -(-n_ctx // 256)
         seen = chunks if not arg.window else min(chunks, -(-(arg.window - 1) // 256) + 1)
-        if t <= SPLIT_TOKENS and seen <= CHUNKS_ONE_LAUNCH:  # (blocks outside a window exit)
+        if t <= SPLIT_TOKENS:  # flash decoding: a block a (head, token, chunk)
             part = self.new_scratch(DType.F32, (t * arg.n_head * chunks * (d + 1),))
             tickets = self.new_scratch(DType.I32, (t * arg.n_head,))  # zero: scratch is zeroed
             self.out.scratch += [part, tickets]
             a.part, a.tickets = part.data_ptr(), tickets.data_ptr()
-            a.chunks_per_split, a.n_split = 1, chunks
-            self._launch("attention.cu", f"attention_chunks<{d}>", (arg.n_head, t, chunks),
-                         (256, 1, 1), [a])  # fmt: skip
-        elif t <= SPLIT_TOKENS:
-            cps = max(1, self.split_chunks)
-            n_split = -(-chunks // cps)
-            part = self.new_scratch(DType.F32, (t * arg.n_head * chunks * (d + 1),))
-            pmax = self.new_scratch(DType.F32, (t * arg.n_head * n_split,))
-            self.out.scratch += [part, pmax]
-            a.part, a.pmax = part.data_ptr(), pmax.data_ptr()
-            a.chunks_per_split, a.n_split = cps, n_split
-            grid = (arg.n_head, t, n_split)
-            self._launch("attention.cu", f"attention_split_max<{d}>", grid, (256, 1, 1), [a])
-            self._launch("attention.cu", f"attention_split_sums<{d}>", grid, (256, 1, 1), [a])
-            self._launch("attention.cu", f"attention_split_fold<{d}>", (arg.n_head, t, 1),
-                         (256, 1, 1), [a])  # fmt: skip
+            grid = (arg.n_head, t, chunks)
+            a.chunks_one_launch = CHUNKS_ONE_LAUNCH[d]
+            more = seen > a.chunks_one_launch  # a token may see more: scores through scratch
+            if more:
+                scores = self.new_scratch(DType.F32, (t * arg.n_head * chunks * 256,))
+                pmax = self.new_scratch(DType.F32, (t * arg.n_head * chunks,))
+                self.out.scratch += [scores, pmax]
+                a.scores, a.pmax = scores.data_ptr(), pmax.data_ptr()
+            self._launch("attention.cu", f"attention_chunks<{d}>", grid, (256, 1, 1), [a])
+            if more:
+                self._launch("attention.cu", f"attention_sums<{d}>", grid, (256, 1, 1), [a])
         elif (2 <= arg.n_head // arg.n_head_kv <= GQA_HEADS_MAX
               and arg.n_head // arg.n_head_kv * d <= GQA_WIDTH_MAX):  # fmt: skip
-            a.chunks_per_split, a.n_split = chunks, 1
             heads = arg.n_head // arg.n_head_kv  # the query heads of a KV head, in one block
             self._launch("attention.cu", f"attention_rows_gqa<{d}, {heads}>",
                          (arg.n_head_kv, t, 1), (256, 1, 1), [a])  # fmt: skip
         else:
-            a.chunks_per_split, a.n_split = chunks, 1
             self._launch("attention.cu", f"attention_rows<{d}>", (arg.n_head, t, 1),
                          (256, 1, 1), [a])  # fmt: skip
         if qn is not None:

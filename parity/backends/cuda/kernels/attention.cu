@@ -14,14 +14,17 @@
 //
 // attention_rows: one block per (token, head) walks every chunk twice (the max first, then the
 //   sums with that max), recomputing the scores bit for bit; no scratch. For prefill.
-// attention_chunks: flash decoding in one launch, for few tokens and caches of few chunks. One
-//   block per (token, head, chunk): it finds the max over every visible chunk itself (the
-//   blocks of a head agree on it bit for bit: max is exact), writes its chunk's sums, and the
-//   last block of the head to finish (an atomic ticket) folds them in chunk order.
-// attention_split_*: flash decoding for few tokens and long contexts. The chunks of a (token,
-//   head) are spread over blocks: a first launch writes each block's max, a second recomputes
-//   the scores of its chunks with the max of all of them and writes each chunk's sums, a third
-//   folds those in chunk order. Same operations, same bits as attention_rows.
+// attention_chunks (+ attention_sums): flash decoding, for few tokens. One block per (token,
+//   head, chunk). Where a token sees at most ``chunks_one_launch`` chunks (known only when the
+//   step runs: a captured step serves every position), each block finds the max over every
+//   visible chunk itself (the blocks of a head agree on it bit for bit: max is exact), writes
+//   its chunk's sums, and the last block of the head to finish (an atomic ticket) folds them in
+//   chunk order; attention_sums, launched after it for caches that can hold more chunks, then
+//   has nothing to do. Where it sees more (scoring every chunk in every block would read K once
+//   a chunk), each block writes its chunk's 256 scores and their max to scratch, and
+//   attention_sums takes the max of the chunk maxes, the weights from the stored scores, the
+//   chunk's sums, and folds the same way: K and V are each read once. Same operations, same
+//   bits as attention_rows.
 //
 // A sliding window (``window`` W > 0) makes a token at p see positions lo .. p, lo =
 // max(0, p - W + 1): every kernel walks the chunks lo / 256 .. p / 256 only (still aligned at
@@ -41,10 +44,12 @@ struct AttnArgs {
     i8* oq;  // when given, out is also quantized (the o-projection's Q8A x)
     float* od;
     float* os;
-    float* part;  // split: per (token, head, chunk) D + 1 floats (N_c then D_c)
-    float* pmax;  // split: per (token, head, split) the max of its scores
-    int* tickets;  // chunks: per (token, head) a counter, zero between launches
-    int n_head, n_head_kv, n_ctx, chunks_per_split, n_split;
+    float* part;  // flash decoding: per (token, head, chunk) D + 1 floats (N_c then D_c)
+    float* pmax;  // flash decoding, many chunks: per (token, head, chunk) its scores' max
+    float* scores;  // ... and its 256 scores
+    int* tickets;  // flash decoding: per (token, head) a counter, zero between launches
+    int n_head, n_head_kv, n_ctx;
+    int chunks_one_launch;  // flash decoding: attention_chunks alone up to this many chunks
     int window;  // 0: every position 0 .. p
     float scale;
 };
@@ -305,65 +310,21 @@ __global__ void __launch_bounds__(CHUNK) attention_rows(AttnArgs a) {
 
 // ---- flash decoding -------------------------------------------------------------------------
 
-// grid (n_head, T, chunks of n_ctx). Every load that needs no result is issued first, together:
-// this warp's K rows of chunk c, this thread's V values of its run, q. The other visible
-// chunks' scores (for the max) stream through the tile after that.
+// Chunk c's sums (D_c = dc, N_c in sn) into the head's scratch; the last block of the head to
+// finish (an atomic ticket) folds the chunks c0 .. nc - 1 in order and writes the output.
+// grid (n_head, T, chunks).
 template <int D>
-__global__ void __launch_bounds__(CHUNK) attention_chunks(AttnArgs a) {
-    pdl_begin();
-    constexpr int SLABS = D / 32, G = SLABS < 2 ? SLABS : 2;  // K slabs held at once
-    constexpr int VPRE = D < 64 ? D : 64;                      // V rows loaded up front
-    __shared__ __align__(16) float tiles[TILE_FLOATS];
-    __shared__ float sq[D], se[CHUNK], sn[D], smem[32];
-    __shared__ int last;
-    const int h = blockIdx.x, t = blockIdx.y, c = blockIdx.z;
-    const int g = h / (a.n_head / a.n_head_kv);
-    const int p = a.positions[t];
-    const int lo = window_lo(a, p), c0 = lo / CHUNK, nc = p / CHUNK + 1;
-    if (c < c0 || c >= nc) return;  // outside the window or past the position: no ticket
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int width = a.n_head_kv * D;
-    const float* kbase = a.k + g * D;
-    const float* vbase = a.v + g * D;
-    float* tile = tiles + warp * 32 * KTILE;
-    const int row0 = c * CHUNK + warp * 32;
-    float4 kb[G][8];
-    load_k<G>(kb, kbase, width, p, row0, 0);
-    const int first = c * CHUNK + (threadIdx.x / D) * D, i = threadIdx.x % D;
-    float vals[VPRE];
-    if (first <= p) {
-#pragma unroll
-        for (int j = 0; j < VPRE; ++j) vals[j] = vbase[(i64)min(first + j, p) * width + i];
-    }
-    load_q<D>(a, t, h, sq);
-    float st[10];
-#pragma unroll
-    for (int s0 = 0; s0 < SLABS; s0 += G) {
-        if (s0 > 0) load_k<G>(kb, kbase, width, p, row0, s0);
-        score_slabs<G>(st, kb, sq, s0, tile);
-    }
-    const float s = __fmul_rn(tree_finish<10>(st, D, D), a.scale);  // this slot's score
-    float m = seen(row0 + lane, lo, p) ? s : -__int_as_float(0x7f800000);
-    if (nc - c0 > 1) {  // the other visible chunks, for the max only
-        auto row_of = [&](int k) {  // chunk k of c0 .. nc - 1 without c
-            return (c0 + k < c ? c0 + k : c0 + k + 1) * CHUNK + warp * 32;
-        };
-        warp_scores<D>(sq, kbase, width, p, a.scale, nc - c0 - 1, row_of,
-                       [&](int k, float v) {
-                           if (seen(row_of(k) + lane, lo, p)) m = max_nan(m, v);
-                       }, tile);  // fmt: skip
-    }
-    m = block_max(m, smem);
-    const float dc = chunk_sums<D, VPRE>(a, vbase, lo, p, c, s, m, se, sn, smem, vals);
+__device__ __forceinline__ void publish_and_fold(const AttnArgs& a, int t, int h, int c, int c0,
+                                                 int nc, float dc, const float* sn, int* last) {
     const i64 th = (i64)t * a.n_head + h;
     float* part = a.part + th * gridDim.z * (D + 1);
     if (threadIdx.x < D) part[(i64)c * (D + 1) + threadIdx.x] = sn[threadIdx.x];
     if (threadIdx.x == 0) part[(i64)c * (D + 1) + D] = dc;
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&a.tickets[th], 1) == nc - c0 - 1;
+    if (threadIdx.x == 0) *last = atomicAdd(&a.tickets[th], 1) == nc - c0 - 1;
     __syncthreads();
-    if (!last) return;
+    if (!*last) return;
     __threadfence();
     float num = 0.0f, den = 0.0f;
     for (int k = c0; k < nc; ++k) {  // at L2: other blocks wrote them
@@ -377,72 +338,99 @@ __global__ void __launch_bounds__(CHUNK) attention_chunks(AttnArgs a) {
     if (threadIdx.x == 0) a.tickets[th] = 0;  // ready for the next launch (or replay)
 }
 
-// ---- split (flash decoding over many chunks) ---------------------------------------------------------------
-
-// grid (n_head, T, n_split): split z covers chunks [z * cps, (z + 1) * cps)
+// grid (n_head, T, chunks of n_ctx). Every load that needs no result is issued first, together:
+// this warp's K rows of chunk c, this thread's V values of its run (one launch only), q. The
+// other visible chunks' scores (for the max) stream through the tile after that.
 template <int D>
-__global__ void __launch_bounds__(CHUNK) attention_split_max(AttnArgs a) {
+__global__ void __launch_bounds__(CHUNK) attention_chunks(AttnArgs a) {
     pdl_begin();
-    __shared__ __align__(16) float tile[TILE_FLOATS];
-    __shared__ float sq[D], smem[32];
-    const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z;
-    const int g = h / (a.n_head / a.n_head_kv);
-    const int p = a.positions[t];
-    const int lo = window_lo(a, p);
-    const int c0 = z * a.chunks_per_split, c1 = c0 + a.chunks_per_split;
-    if (c0 * CHUNK > p || c1 * CHUNK <= lo) return;  // no position of this split is visible
-    load_q<D>(a, t, h, sq);
-    const float m = chunks_max<D>(a, sq, a.k + g * D, lo, p, c0, c1, tile, smem,
-                                  [](int, float) {});
-    if (threadIdx.x == 0) a.pmax[((i64)t * a.n_head + h) * a.n_split + z] = m;
-}
-
-template <int D>
-__global__ void __launch_bounds__(CHUNK) attention_split_sums(AttnArgs a) {
-    pdl_begin();
-    __shared__ __align__(16) float tile[TILE_FLOATS];
+    constexpr int SLABS = D / 32, G = SLABS < 2 ? SLABS : 2;  // K slabs held at once
+    constexpr int VPRE = D < 64 ? D : 64;                      // V rows loaded up front
+    __shared__ __align__(16) float tiles[TILE_FLOATS];
     __shared__ float sq[D], se[CHUNK], sn[D], smem[32];
-    const int h = blockIdx.x, t = blockIdx.y, z = blockIdx.z;
+    __shared__ int last;
+    const int h = blockIdx.x, t = blockIdx.y, c = blockIdx.z;
     const int g = h / (a.n_head / a.n_head_kv);
     const int p = a.positions[t];
-    const int lo = window_lo(a, p), cps = a.chunks_per_split;
-    const int c0 = z * cps;
-    if (c0 * CHUNK > p || (c0 + cps) * CHUNK <= lo) return;
-    load_q<D>(a, t, h, sq);
-    const int nc = p / CHUNK + 1;
-    const int zlo = lo / CHUNK / cps, used = (nc + cps - 1) / cps;  // the splits that ran
-    const float* pm = a.pmax + ((i64)t * a.n_head + h) * a.n_split;
-    float m = pm[zlo];
-    for (int k = zlo + 1; k < used; ++k) m = max_nan(m, pm[k]);
-    const int c1 = min(c0 + cps, nc);
-    const i64 nchunks = (a.n_ctx + CHUNK - 1) / CHUNK;
-    for (int c = max(c0, lo / CHUNK); c < c1; ++c) {
-        const float s = chunk_score<D>(a, sq, a.k + g * D, p, c, tile);
-        const float dc = chunk_sums<D>(a, a.v + g * D, lo, p, c, s, m, se, sn, smem, NO_VALUES);
-        float* out = a.part + (((i64)t * a.n_head + h) * nchunks + c) * (D + 1);
-        if (threadIdx.x < D) out[threadIdx.x] = sn[threadIdx.x];
-        if (threadIdx.x == 0) out[D] = dc;
-        __syncthreads();
+    const int lo = window_lo(a, p), c0 = lo / CHUNK, nc = p / CHUNK + 1;
+    if (c < c0 || c >= nc) return;  // outside the window or past the position: no ticket
+    const bool alone = nc - c0 <= a.chunks_one_launch;  // (else: attention_sums finishes)
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int width = a.n_head_kv * D;
+    const float* kbase = a.k + g * D;
+    const float* vbase = a.v + g * D;
+    float* tile = tiles + warp * 32 * KTILE;
+    const int row0 = c * CHUNK + warp * 32;
+    float4 kb[G][8];
+    load_k<G>(kb, kbase, width, p, row0, 0);
+    const int first = c * CHUNK + (threadIdx.x / D) * D, i = threadIdx.x % D;
+    float vals[VPRE];
+    if (alone && first <= p) {
+#pragma unroll
+        for (int j = 0; j < VPRE; ++j) vals[j] = vbase[(i64)min(first + j, p) * width + i];
     }
+    load_q<D>(a, t, h, sq);
+    float st[10];
+#pragma unroll
+    for (int s0 = 0; s0 < SLABS; s0 += G) {
+        if (s0 > 0) load_k<G>(kb, kbase, width, p, row0, s0);
+        score_slabs<G>(st, kb, sq, s0, tile);
+    }
+    const float s = __fmul_rn(tree_finish<10>(st, D, D), a.scale);  // this slot's score
+    if (!alone) {  // the score and the chunk's max, for attention_sums
+        const i64 tc = ((i64)t * a.n_head + h) * gridDim.z + c;
+        a.scores[tc * CHUNK + threadIdx.x] = s;  // (slots not seen: dropped there)
+        const float m = block_max(seen(row0 + lane, lo, p) ? s : -__int_as_float(0x7f800000),
+                                  smem);
+        if (threadIdx.x == 0) a.pmax[tc] = m;
+        return;
+    }
+    float m = seen(row0 + lane, lo, p) ? s : -__int_as_float(0x7f800000);
+    if (nc - c0 > 1) {  // the other visible chunks, for the max only
+        auto row_of = [&](int k) {  // chunk k of c0 .. nc - 1 without c
+            return (c0 + k < c ? c0 + k : c0 + k + 1) * CHUNK + warp * 32;
+        };
+        warp_scores<D>(sq, kbase, width, p, a.scale, nc - c0 - 1, row_of,
+                       [&](int k, float v) {
+                           if (seen(row_of(k) + lane, lo, p)) m = max_nan(m, v);
+                       }, tile);  // fmt: skip
+    }
+    m = block_max(m, smem);
+    const float dc = chunk_sums<D, VPRE>(a, vbase, lo, p, c, s, m, se, sn, smem, vals);
+    publish_and_fold<D>(a, t, h, c, c0, nc, dc, sn, &last);
 }
 
-// grid (n_head, T): fold the chunk sums in chunk order
+// ---- flash decoding over more chunks: the scores through scratch ---------------------------------
+
+// grid (n_head, T, chunks of n_ctx), after attention_chunks: where a token sees more than
+// chunks_one_launch chunks, the max of their maxes, chunk c's weights from its stored scores,
+// its sums, and the fold by the head's last block. This thread's V values are loaded first.
 template <int D>
-__global__ void __launch_bounds__(CHUNK) attention_split_fold(AttnArgs a) {
+__global__ void __launch_bounds__(CHUNK) attention_sums(AttnArgs a) {
     pdl_begin();
-    const int h = blockIdx.x, t = blockIdx.y;
+    constexpr int VPRE = D < 64 ? D : 64;  // V rows loaded up front
+    __shared__ float se[CHUNK], sn[D], smem[32];
+    __shared__ int last;
+    const int h = blockIdx.x, t = blockIdx.y, c = blockIdx.z;
+    const int g = h / (a.n_head / a.n_head_kv);
     const int p = a.positions[t];
-    const int c0 = window_lo(a, p) / CHUNK, nc = p / CHUNK + 1;
-    const i64 nchunks = (a.n_ctx + CHUNK - 1) / CHUNK;
-    const float* part = a.part + ((i64)t * a.n_head + h) * nchunks * (D + 1);
-    float num = 0.0f, den = 0.0f;
-    for (int c = c0; c < nc; ++c) {
-        const float* pc = part + (i64)c * (D + 1);
-        const float nci = threadIdx.x < D ? pc[threadIdx.x] : 0.0f;
-        den = c == c0 ? pc[D] : __fadd_rn(den, pc[D]);
-        num = c == c0 ? nci : __fadd_rn(num, nci);
+    const int lo = window_lo(a, p), c0 = lo / CHUNK, nc = p / CHUNK + 1;
+    if (c < c0 || c >= nc || nc - c0 <= a.chunks_one_launch) return;  // (attention_chunks did)
+    const int width = a.n_head_kv * D;
+    const float* vbase = a.v + g * D;
+    const int first = c * CHUNK + (threadIdx.x / D) * D, i = threadIdx.x % D;
+    float vals[VPRE];
+    if (first <= p) {
+#pragma unroll
+        for (int j = 0; j < VPRE; ++j) vals[j] = vbase[(i64)min(first + j, p) * width + i];
     }
-    store_out<D>(a, t, h, num, den);
+    const i64 th = (i64)t * a.n_head + h;
+    const float s = a.scores[(th * gridDim.z + c) * CHUNK + threadIdx.x];
+    const float* pm = a.pmax + th * gridDim.z;
+    float m = pm[c0];
+    for (int k = c0 + 1; k < nc; ++k) m = max_nan(m, pm[k]);
+    const float dc = chunk_sums<D, VPRE>(a, vbase, lo, p, c, s, m, se, sn, smem, vals);
+    publish_and_fold<D>(a, t, h, c, c0, nc, dc, sn, &last);
 }
 
 // ---- prefill, the query heads of a KV head together ---------------------------------------------
