@@ -58,12 +58,14 @@ OPS = frozenset(
 )  # fmt: skip
 PRODUCTS = (Op.MATMUL, Op.MATMUL_ADD, Op.MATMUL_SWIGLU)
 # outputs of one token a product's program computes: few on a GPU (each holds K quants), many
-# in the interpreter (whose cost is per operation, not per element); the bits do not depend on it
-PRODUCT_ROWS = {False: 1, True: 64}
+# in the interpreter (whose cost is per operation, not per element); the bits do not depend on
+# it. On an H200 4 rows in 2 warps beat 1 in 1 (Qwen's decode step 995 -> 826 us; 2, 8 or 16
+# rows and 1, 4 or 8 warps measured between: docs/perf.md)
+PRODUCT_ROWS = {False: 4, True: 64}
 # elements of K a product's program takes at a time (the interpreter: all of them at once)
 PRODUCT_GROUP = {False: 2048, True: 1 << 20}
-PRODUCT_WARPS = 1  # a product's program's warps on a GPU
-NORM_WARPS = 8  # an RMS_NORM's (one row a program)
+PRODUCT_WARPS = 2  # a product's program's warps on a GPU
+NORM_WARPS = 8  # an RMS_NORM's (one row a program; 1, 2, 4 and 16 measured slower)
 INT_SOURCES = {Op.ROPE: (1,), Op.KV_WRITE: (2,), Op.GET_ROWS: (1,), Op.ATTENTION: (3,)}
 TABLE_TYPES = WEIGHT_TYPES  # GET_ROWS reads every weight type (kernels/dequant.py)
 SILU, GELU = 0, 1  # the kernels' OP constants
