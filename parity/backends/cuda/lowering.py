@@ -47,9 +47,9 @@ GQA_HEADS_MAX = 8  # prefill attention takes up to this many query heads of a KV
 GQA_WIDTH_MAX = 1024  # ... whose q and sums (heads x head_dim floats, twice) fit shared memory
 # ... in one launch where a token sees at most this many chunks (each block scores every one for
 # the max: K read once a chunk); more: the scores through scratch (attention.cu). Heads of 256
-# keep one launch longer: their chunk sums (a run of 256 rows a thread) are latency-bound, 77 us
-# a launch at depth 1000 on the Gemma 3 twin against 7 for the scores (docs/perf.md)
-CHUNKS_ONE_LAUNCH = {64: 2, 128: 2, 256: 32}
+# always take the two launches: the one-launch kernel spills at 256, and the two were faster on
+# the Gemma 3 twin even at depth 100 (docs/perf.md)
+CHUNKS_ONE_LAUNCH = {64: 2, 128: 2, 256: 0}
 NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs
 
 

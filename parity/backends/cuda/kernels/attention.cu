@@ -230,16 +230,26 @@ __device__ float chunk_sums(const AttnArgs& a, const float* vbase, int lo, int p
         const float e = se[part * D + j];
         tree_push<10>(st, j, seen(first + j, lo, p) ? __fmul_rn(e, vpre[j]) : 0.0f);
     }
+    // the rest: batch b + 1's loads are issued before batch b is summed, and a barrier keeps them
+    // there (left alone, ptxas moves each load next to its use: one memory latency per row, 77 us
+    // a launch for heads of 256)
+    constexpr int BATCHES = (D - VPRE) / 32;
+    float vals[2][32];
+    auto load_batch = [&](float(&v)[32], int j0) {
 #pragma unroll
-    for (int j0 = VPRE; j0 < D; j0 += 32) {
-        float vals[32];
+        for (int j = 0; j < 32; ++j) v[j] = vbase[(i64)min(first + j0 + j, p) * width + i];
+    };
+    if (BATCHES > 0) load_batch(vals[0], VPRE);
 #pragma unroll
-        for (int j = 0; j < 32; ++j) vals[j] = vbase[(i64)min(first + j0 + j, p) * width + i];
+    for (int b = 0; b < BATCHES; ++b) {
+        const int j0 = VPRE + b * 32;
+        if (b + 1 < BATCHES) load_batch(vals[(b + 1) & 1], j0 + 32);
+        __syncthreads();
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
             const float e = se[part * D + j0 + j];
             const bool in = seen(first + j0 + j, lo, p);
-            tree_push<10>(st, j0 + j, in ? __fmul_rn(e, vals[j]) : 0.0f);
+            tree_push<10>(st, j0 + j, in ? __fmul_rn(e, vals[b & 1][j]) : 0.0f);
         }
     }
     float run = tree_finish<10>(st, D, D);
