@@ -10,8 +10,8 @@ of ``FAST_GEMM_TOKENS`` tokens or more (a prefill) take tiled GEMMs on tensor co
 (kernels/gemm_fast.py) and flash attention (kernels/attention_fast.py); the other ops, and
 those of fewer tokens (a decode step), keep the exact kernels, which meet any bound. ``auto``
 prefers cuda on a GPU (score 90 against cuda's 100: cuda is exact on every op too and, by the
-benchmarks in docs/perf.md, faster); the interpreter's device scores -1, below the cpu oracle,
-so it is only used when asked for.
+benchmarks in docs/perf.md, faster on most of them); the interpreter's device scores -1,
+below the cpu oracle, so it is only used when asked for.
 
 Quantized weights are repacked when a split is prepared (kernels/dequant.py ``repack``: a byte a
 quant, binary32 scales and mins, about 1.2 bytes a weight beside the raw GGUF bytes, which
