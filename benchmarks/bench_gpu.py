@@ -1,6 +1,7 @@
 """parity's GPU backends beside llama.cpp on the same model files, in one run: decode tok/s at
-context depths, prefill tok/s and time to first token at prompt sizes, and the first decode
-step against the steady one. Prints one table and writes JSON.
+context depths, prefill tok/s and time to first token at prompt sizes (llama.cpp's: its prompt
+time, a lower bound, as llama-bench times no first token), and the first decode step against
+the steady one. Prints one table and writes JSON.
 
     python benchmarks/bench_gpu.py MODEL.gguf [MODEL.gguf ...]
         [--runners cuda:exact,triton:exact,triton:fast] [--depths 0,4096] [--prefill 128,512]
@@ -11,7 +12,8 @@ is made: ``cuda:exact:PARITY_PDL=0``. Each (runner, size) is ``parity bench``'s 
 (a warm-up pass, then a greedy generation after a prompt of that many seeded random tokens),
 repeated ``--repeat`` times; the table gives medians. Decode at depth d is the steady step
 after a d-token prompt (d = 0: a 1-token prompt). llama.cpp runs when ``--llama-bench`` names
-a build: ``-ngl 99 -fa 1``, prefill at depth 0 and tg128 at each depth, ``-r`` = repeat.
+a build: ``-ngl 99 -fa 1``, prefill at depth 0 and tg128 at each depth, ``-r`` = repeat; the
+table gives the median of its samples (± their standard deviation), the ratios are against it.
 """
 
 from __future__ import annotations
@@ -67,7 +69,10 @@ def run_llama(llama_bench: str, model: str, depths: list[int], prefill: list[int
     for r in rows:
         key = "prefill" if r["n_gen"] == 0 else "decode"
         size = r["n_prompt"] if key == "prefill" else r.get("n_depth", 0)
-        out[key][size] = {"tok_s": round(r["avg_ts"], 1), "stddev": round(r["stddev_ts"], 1)}
+        samples = r.get("samples_ts") or [r["avg_ts"]]  # (a slow first sample pulls the mean)
+        out[key][size] = {"tok_s": round(statistics.median(samples), 1),
+                          "mean": round(r["avg_ts"], 1), "stddev": round(r["stddev_ts"], 1),
+                          "samples": [round(x, 1) for x in samples]}  # fmt: skip
     return out
 
 
@@ -110,7 +115,10 @@ def print_table(results: dict, depths: list[int], prefill: list[int]) -> None:
         for runner, r in runners.items():
             if runner == "llama.cpp":
                 cells = [_tok(r["decode"].get(d)) for d in depths]
-                cells += [_tok(r["prefill"].get(p)) for p in prefill] + ["", ""]
+                cells += [_tok(r["prefill"].get(p)) for p in prefill]
+                last = r["prefill"].get(prefill[-1])  # (llama-bench times no first token:
+                # its prompt's time is a lower bound, parity's TTFT takes the prompt and token)
+                cells += ["" if not last else f">= {1e3 * prefill[-1] / last['tok_s']:.2f}", ""]
             else:
                 s = r["sizes"]
                 cells = [_ratio(s[d]["decode_tok_s"], peer and peer["decode"].get(d))
