@@ -102,7 +102,7 @@ def main() -> None:
                 a.q, a.k, a.v, a.positions, a.out = (t.data_ptr() for t in (q, k, v, pos, out))
                 a.part, a.tickets = part.data_ptr(), tickets.data_ptr()
                 a.n_head, a.n_head_kv, a.n_ctx = n_head, n_kv, n_ctx
-                a.scale = 1 / math.sqrt(d)
+                a.chunks_one_launch, a.scale = chunks, 1 / math.sqrt(d)  # (one launch)
                 attn = Launch("attn", fn, (n_head, 1, chunks), (256, 1, 1), 0, (a,))
                 row = {}
                 row["alone"] = timed(stream, [attn] * args.launches, driver, args.runs)

@@ -143,6 +143,7 @@ KERNELS = [
     ("attention.cu", "attention_rows<64>"),
     ("attention.cu", "attention_chunks<64>"),
     ("attention.cu", "attention_sums<64>"),
+    ("attention.cu", "attention_sums<256>"),
     ("attention.cu", "attention_rows_gqa<64, 7>"),
     ("attention.cu", "attention_rows_gqa<256, 4>"),
 ]
@@ -279,6 +280,11 @@ def test_lowering_covers_every_node_of_the_real_models(name, tokens, n_ctx):
         sums = n_ctx // 256 > CHUNKS_ONE_LAUNCH[spec.head_dim]
         assert names.count(f"attention_sums<{spec.head_dim}>") == sums * spec.n_layer
         assert len(lowered.launches) == (7 + sums) * spec.n_layer + 4, names[:12]
+        # one set of flash-decoding scratch for all the layers
+        shared = {"part", "tickets"} | ({"scores", "pmax"} if sums else set())
+        assert set(lowering._shared) == shared
+        assert sum(any(b is buf for _, b in lowering._shared.values())
+                   for buf in lowered.scratch) == len(shared)  # fmt: skip
     if tokens > 8:  # a prefill's products on the tensor cores: q, k, v, o, gate/up, down
         assert sum(n.startswith("gemm_mma") for n in names) == 6 * spec.n_layer
         assert not any(n.startswith("gemm_q") for n in names)

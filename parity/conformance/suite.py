@@ -497,6 +497,17 @@ def op_suite() -> list[CaseSpec]:
                 _attention(*heads, start, t, n_ctx, window),
             )
         )
+    # heads of 128 (no model here has them): decode over 3 chunks (one launch on a GPU) and 17
+    # (the scores through scratch)
+    for start, t, n_ctx in ((511, 2, 640), (4000, 1, 4352)):
+        specs.append(
+            _spec(
+                f"attention-8x2x128-p{start}-t{t}",
+                Op.ATTENTION,
+                F32,
+                _attention(8, 2, 128, start, t, n_ctx),
+            )
+        )
     # plain values only (as the plain products): a prefill continuing a history, GQA, and a
     # windowed one with heads of 256
     for heads, start, t, n_ctx, window in (((9, 3, 64), 100, 100, 256, 0),

@@ -136,6 +136,7 @@ class Lowering:
         self.pdl = pdl  # every launch with programmatic dependent launch
         self.out: Lowered = Lowered([], [], set(), [])
         self.done: set[int] = set()
+        self._shared: dict[str, tuple[int, Any]] = {}  # name: (elements, buffer)
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -159,6 +160,18 @@ class Lowering:
         if src.op is Op.WEIGHT:
             return pointer(self.weights[src.arg])
         return pointer(self.values[i])
+
+    def _shared_scratch(self, name: str, dtype: DType, n: int) -> Any:
+        """Scratch that every launch of the split asking for ``name`` shares (at least ``n``
+        elements, zeroed once): the layers' flash-decoding launches run one after another on
+        the stream, each after the one before has finished (under PDL too: they wait before
+        touching memory), and leave the tickets at zero."""
+        have = self._shared.get(name)
+        if have is None or have[0] < n:
+            buffer = self.new_scratch(dtype, (n,))
+            self.out.scratch.append(buffer)
+            have = self._shared[name] = (n, buffer)
+        return have[1]
 
     # -- the nodes ----------------------------------------------------------------------------
 
@@ -399,17 +412,16 @@ class Lowering:
         chunks = -(-n_ctx // 256)
         seen = chunks if not arg.window else min(chunks, -(-(arg.window - 1) // 256) + 1)
         if t <= SPLIT_TOKENS:  # flash decoding: a block a (head, token, chunk)
-            part = self.new_scratch(DType.F32, (t * arg.n_head * chunks * (d + 1),))
-            tickets = self.new_scratch(DType.I32, (t * arg.n_head,))  # zero: scratch is zeroed
-            self.out.scratch += [part, tickets]
+            th = t * arg.n_head
+            part = self._shared_scratch("part", DType.F32, th * chunks * (d + 1))
+            tickets = self._shared_scratch("tickets", DType.I32, th)  # zero between launches
             a.part, a.tickets = part.data_ptr(), tickets.data_ptr()
             grid = (arg.n_head, t, chunks)
             a.chunks_one_launch = CHUNKS_ONE_LAUNCH[d]
             more = seen > a.chunks_one_launch  # a token may see more: scores through scratch
             if more:
-                scores = self.new_scratch(DType.F32, (t * arg.n_head * chunks * 256,))
-                pmax = self.new_scratch(DType.F32, (t * arg.n_head * chunks,))
-                self.out.scratch += [scores, pmax]
+                scores = self._shared_scratch("scores", DType.F32, th * chunks * 256)
+                pmax = self._shared_scratch("pmax", DType.F32, th * chunks)
                 a.scores, a.pmax = scores.data_ptr(), pmax.data_ptr()
             self._launch("attention.cu", f"attention_chunks<{d}>", grid, (256, 1, 1), [a])
             if more:

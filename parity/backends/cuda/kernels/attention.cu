@@ -207,7 +207,9 @@ __device__ __forceinline__ float chunk_score(const AttnArgs& a, const float* sq,
 
 // chunk c's D_c (returned) and N_c (into sn[0 .. D)) with the max m, from this thread's slot's
 // score s. Thread (part, i) sums the values of its run's rows at dimension i: the first VPRE
-// from ``vpre`` (loaded by the caller, early), the rest loaded here 32 at a time.
+// from ``vpre`` (loaded by the caller, early), the rest loaded here 32 at a time; with VPRE > 0
+// (flash decoding, a block a chunk: registers to spare) each batch is loaded ahead of the one
+// before's sums.
 template <int D, int VPRE = 0>
 __device__ float chunk_sums(const AttnArgs& a, const float* vbase, int lo, int p, int c, float s,
                             float m, float* se, float* sn, float* smem,
@@ -230,26 +232,30 @@ __device__ float chunk_sums(const AttnArgs& a, const float* vbase, int lo, int p
         const float e = se[part * D + j];
         tree_push<10>(st, j, seen(first + j, lo, p) ? __fmul_rn(e, vpre[j]) : 0.0f);
     }
-    // the rest: batch b + 1's loads are issued before batch b is summed, and a barrier keeps them
-    // there (left alone, ptxas moves each load next to its use: one memory latency per row, 77 us
-    // a launch for heads of 256)
+    // the rest. Ahead: batch b + 1's loads are issued before batch b is summed, and a barrier
+    // keeps them there (left alone, ptxas moves each load next to its use: one memory latency
+    // per row, 77 us a launch for heads of 256). Not ahead (attention_rows, whose registers the
+    // second buffer would take: 98 -> 136 at heads of 64, spills at 256): one batch at a time.
     constexpr int BATCHES = (D - VPRE) / 32;
-    float vals[2][32];
+    constexpr bool AHEAD = VPRE > 0;
+    float vals[AHEAD ? 2 : 1][32];
     auto load_batch = [&](float(&v)[32], int j0) {
 #pragma unroll
         for (int j = 0; j < 32; ++j) v[j] = vbase[(i64)min(first + j0 + j, p) * width + i];
     };
-    if (BATCHES > 0) load_batch(vals[0], VPRE);
+    if (AHEAD && BATCHES > 0) load_batch(vals[0], VPRE);
 #pragma unroll
     for (int b = 0; b < BATCHES; ++b) {
         const int j0 = VPRE + b * 32;
-        if (b + 1 < BATCHES) load_batch(vals[(b + 1) & 1], j0 + 32);
-        __syncthreads();
+        float(&now)[32] = vals[AHEAD ? b & 1 : 0];
+        if (!AHEAD) load_batch(now, j0);
+        else if (b + 1 < BATCHES) load_batch(vals[(b + 1) & 1], j0 + 32);
+        if (AHEAD) __syncthreads();
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
             const float e = se[part * D + j0 + j];
             const bool in = seen(first + j0 + j, lo, p);
-            tree_push<10>(st, j0 + j, in ? __fmul_rn(e, vals[b & 1][j]) : 0.0f);
+            tree_push<10>(st, j0 + j, in ? __fmul_rn(e, now[j]) : 0.0f);
         }
     }
     float run = tree_finish<10>(st, D, D);
