@@ -10,15 +10,19 @@ the steady one. Prints one table and writes JSON.
 A runner is BACKEND:NUMERICS, optionally with environment settings its backend reads when it
 is made: ``cuda:exact:PARITY_PDL=0``. Each (runner, size) is ``parity bench``'s measurement
 (a warm-up pass, then a greedy generation after a prompt of that many seeded random tokens),
-repeated ``--repeat`` times; the table gives medians. Decode at depth d is the steady step
-after a d-token prompt (d = 0: a 1-token prompt). llama.cpp runs when ``--llama-bench`` names
-a build: ``-ngl 99 -fa 1``, prefill at depth 0 and tg128 at each depth, ``-r`` = repeat; the
-table gives the median of its samples (± their standard deviation), the ratios are against it.
+repeated ``--repeat`` times, on the model loaded with a cache of the size plus the generation
+and 16 rows (llama-bench sizes its context per test the same way); the table gives medians.
+Sizes whose run does not fit a model's trained context are left out for it ("past ctx").
+Decode at depth d is the steady step after a d-token prompt (d = 0: a 1-token prompt).
+llama.cpp runs when ``--llama-bench`` names a build: ``-ngl 99 -fa 1``, prefill at depth 0 and
+tg128 at each depth, ``-r`` = repeat; the table gives the median of its samples (± their
+standard deviation), the ratios are against it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -27,34 +31,49 @@ import time
 from pathlib import Path
 
 import parity
+from parity.arch.model_file import read_model_file
 from parity.measure.bench import bench
+
+CTX_SPARE = 16  # cache rows past a run's prompt and generation
 
 
 def run_parity(model: str, runner: str, sizes: list[int], gen: int, repeat: int) -> dict:
+    """Each size on the model loaded anew with a cache of that size plus the generation (as
+    llama-bench sizes its context per test), so a short run does not carry a long cache."""
     backend, numerics, *env = runner.split(":")
-    saved = {k: os.environ.get(k) for k, _ in (e.split("=", 1) for e in env)}
-    os.environ.update(dict(e.split("=", 1) for e in env))
-    try:
+    settings = dict(e.split("=", 1) for e in env)
+    out: dict = {"load_s": {}, "sizes": {}}
+    for size in sizes:
         t0 = time.perf_counter()
-        m = parity.load(model, backend=backend, numerics=numerics, strict=True,
-                        n_ctx=max(sizes) + gen + 16)  # fmt: skip
-        load_s = time.perf_counter() - t0
+        with _environment(settings):
+            m = parity.load(model, backend=backend, numerics=numerics, strict=True,
+                            n_ctx=max(size, 1) + gen + CTX_SPARE)  # fmt: skip
+        out["load_s"][size] = round(time.perf_counter() - t0, 3)
+        try:
+            runs = [bench(m, max(size, 1), gen) for _ in range(repeat)]
+        finally:
+            m.close()
+        med = {key: statistics.median(getattr(r, key) for r in runs)
+               for key in ("prefill_tok_s", "decode_tok_s", "ttft_ms", "first_step_ms",
+                           "step_ms")}  # fmt: skip
+        med["decode_capture"] = runs[-1].decode_capture
+        out["sizes"][size] = med
+    return out
+
+
+@contextlib.contextmanager
+def _environment(settings: dict[str, str]):
+    """``settings`` in the environment while a backend is made (it reads them then)."""
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    try:
+        yield
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    out: dict = {"load_s": round(load_s, 3), "sizes": {}}
-    for size in sizes:
-        runs = [bench(m, max(size, 1), gen) for _ in range(repeat)]
-        med = {key: statistics.median(getattr(r, key) for r in runs)
-               for key in ("prefill_tok_s", "decode_tok_s", "ttft_ms", "first_step_ms",
-                           "step_ms")}  # fmt: skip
-        med["decode_capture"] = runs[-1].decode_capture
-        out["sizes"][size] = med
-    m.close()
-    return out
 
 
 def run_llama(llama_bench: str, model: str, depths: list[int], prefill: list[int], gen: int,
@@ -94,12 +113,15 @@ def main() -> None:
     for model in args.models:
         name = Path(model).stem
         results[name] = {}
+        trained = read_model_file(model).spec.n_ctx_train  # sizes past it are left out
+        fit = [s for s in sizes if max(s, 1) + args.gen + CTX_SPARE <= trained]
         for runner in args.runners.split(","):
-            results[name][runner] = run_parity(model, runner, sizes, args.gen, args.repeat)
+            results[name][runner] = run_parity(model, runner, fit, args.gen, args.repeat)
             print(f"{name} {runner}: {json.dumps(results[name][runner]['sizes'])}", flush=True)
         if args.llama_bench:
-            results[name]["llama.cpp"] = run_llama(args.llama_bench, model, depths, prefill,
-                                                   args.gen, args.repeat)  # fmt: skip
+            results[name]["llama.cpp"] = run_llama(
+                args.llama_bench, model, [d for d in depths if d in fit],
+                [p for p in prefill if p in fit], args.gen, args.repeat)  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     print_table(results, depths, prefill)
@@ -122,13 +144,22 @@ def print_table(results: dict, depths: list[int], prefill: list[int]) -> None:
             else:
                 s = r["sizes"]
                 cells = [_ratio(s[d]["decode_tok_s"], peer and peer["decode"].get(d))
-                         for d in depths]  # fmt: skip
+                         if d in s else BEYOND for d in depths]  # fmt: skip
                 cells += [_ratio(s[p]["prefill_tok_s"], peer and peer["prefill"].get(p))
-                          for p in prefill]  # fmt: skip
-                last = s[prefill[-1]]
-                cells += [f"{last['ttft_ms']:.2f}",
-                          f"{last['first_step_ms'] / last['step_ms']:.2f}x"]  # fmt: skip
+                          if p in s else BEYOND for p in prefill]  # fmt: skip
+                last = s.get(prefill[-1])
+                cells += (
+                    ["", ""]
+                    if last is None
+                    else [
+                        f"{last['ttft_ms']:.2f}",
+                        f"{last['first_step_ms'] / last['step_ms']:.2f}x",
+                    ]
+                )
             print(f"| {name} | {runner} | " + " | ".join(cells) + " |")
+
+
+BEYOND = "past ctx"  # the size and its generation do not fit the model's trained context
 
 
 def _tok(r: dict | None) -> str:
