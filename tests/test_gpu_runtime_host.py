@@ -308,3 +308,45 @@ def test_gemm_mma_shared_memory_and_its_limits():
     assert two == one + 32 * (192 + 80 * 4 + 10 * 8) + 3 * 8 * 256 * 4
     for dtype in (DType.Q4_K, DType.Q6_K, DType.Q8_0):  # the widest real rows fit an H200's SM
         assert gemm_mma_shared(dtype, True, 4864) < 227 << 10
+
+
+def test_reshapes_and_slices_of_computed_values_are_views_not_copies():
+    """A RESHAPE or SLICE_ROWS of a value the split computes is a view of its buffer (no copy,
+    no launch); of an input (another split's value, a state), a buffer of its own."""
+    pytest.importorskip("torch")
+    from parity.backends.gpu.backend import GpuBackend
+    from parity.backends.gpu.host import HostRuntime
+    from parity.core.backend import Split
+    from parity.core.builder import GraphBuilder
+    from parity.core.dtypes import DType
+    from parity.core.ir import Op, SliceArg
+
+    b = GraphBuilder()
+    x = b.input("x", DType.F32, (4, 64))
+    a = b.op(Op.ADD, x, x)
+    r = b.op(Op.RESHAPE, a, arg=(8, 32))
+    rr = b.op(Op.RESHAPE, r, arg=(2, 128))  # a view of a view
+    s = b.op(Op.SLICE_ROWS, a, arg=SliceArg(1, 2))
+    rx = b.op(Op.RESHAPE, x, arg=(8, 32))  # of an input: copied
+    graph = b.build(rr, s, rx)
+    nodes = tuple(i for i, n in enumerate(graph.nodes) if not n.op.is_leaf)
+    (inp,) = (i for i, n in enumerate(graph.nodes) if n.op is Op.INPUT)
+    backend = object.__new__(GpuBackend)  # (the allocation needs only a runtime)
+    backend.rt = HostRuntime()
+    split = Split(0, "gpu", graph, nodes, (inp,), ())
+    values, views = backend.split_values(split, {inp: backend.alloc(DType.F32, (4, 64))})
+    by_op = {}
+    for i in nodes:
+        by_op.setdefault(graph.nodes[i].op, []).append(i)
+    add = by_op[Op.ADD][0]
+    reshapes = by_op[Op.RESHAPE]
+    (slice_,) = by_op[Op.SLICE_ROWS]
+    base = values[add].data_ptr()
+    assert views == {reshapes[0], reshapes[1], slice_}
+    assert values[reshapes[0]].data_ptr() == values[reshapes[1]].data_ptr() == base
+    assert values[slice_].data_ptr() == base + 64 * 4
+    assert tuple(values[reshapes[1]].shape) == (2, 128)
+    assert reshapes[2] not in views  # of the input
+    assert values[reshapes[2]].data_ptr() != values[inp].data_ptr()
+    values[add].fill_(3.0)
+    assert float(values[slice_][0, 0]) == float(values[reshapes[1]][1, 127]) == 3.0

@@ -143,23 +143,15 @@ class CudaBackend(GpuBackend):
         from parity.backends.cuda.lowering import Lowering
 
         graph = split.graph
-        values: dict[int, Any] = dict(inputs)
-        outputs: dict[int, Any] = {}
-        for i in split.nodes:
-            node = graph.nodes[i]
-            if node.op is Op.KV_WRITE:
-                values[i] = inputs[node.src[0]]  # the cache, written in place
-            else:
-                values[i] = self.alloc(node.dtype, node.shape)
-        for i in split.outputs:
-            outputs[i] = values[i]
+        values, views = self.split_values(split, inputs)
+        outputs = {i: values[i] for i in split.outputs}
         readers: dict[int, list[int]] = {}
         for i in split.nodes:
             for s in graph.nodes[i].src:
                 readers.setdefault(s, []).append(i)
         pdl = self.pdl and self.decode_sized(split)
         lowering = Lowering(
-            graph, values, self._weights, self._enqueue, self._copy, self.alloc, pdl
+            graph, values, self._weights, self._enqueue, self._copy, self.alloc, pdl, views
         )
         lowered = lowering.lower(split.nodes, readers)
         self.library.ensure(lowered.kernels)  # one batch, compiled in parallel (or cached)

@@ -126,6 +126,7 @@ class Lowering:
         copy: Callable[[Any, Any], None],
         scratch: Callable[[DType, tuple[int, ...]], Any],
         pdl: bool = False,
+        views: frozenset[int] = frozenset(),
     ) -> None:
         self.graph = graph
         self.values = values
@@ -134,6 +135,7 @@ class Lowering:
         self.copy = copy
         self.new_scratch = scratch
         self.pdl = pdl  # every launch with programmatic dependent launch
+        self.views = views  # RESHAPEs and SLICE_ROWS whose value is a view: nothing to copy
         self.out: Lowered = Lowered([], [], set(), [])
         self.done: set[int] = set()
         self._shared: dict[str, tuple[int, Any]] = {}  # name: (elements, buffer)
@@ -225,12 +227,14 @@ class Lowering:
         )  # fmt: skip
 
     def _slice_rows(self, i, node, follow):
-        x = self.values[node.src[0]]
-        start, count = node.arg.start, node.arg.count
-        self.out.launches.append((self.copy, (self.values[i], x[start : start + count])))
+        if i not in self.views:
+            x = self.values[node.src[0]]
+            start, count = node.arg.start, node.arg.count
+            self.out.launches.append((self.copy, (self.values[i], x[start : start + count])))
 
     def _reshape(self, i, node, follow):
-        self.out.launches.append((self.copy, (self.values[i], self.values[node.src[0]])))
+        if i not in self.views:
+            self.out.launches.append((self.copy, (self.values[i], self.values[node.src[0]])))
 
     def _binary(self, i, node, op: int):
         b = self.graph.nodes[node.src[1]]

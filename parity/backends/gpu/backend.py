@@ -20,6 +20,16 @@ from parity.core.weights import WeightData
 PDL_TOKENS = 16
 
 
+VIEWS = (Op.RESHAPE, Op.SLICE_ROWS)  # ops whose value can be a view of their source's
+
+
+def view_of(x: Any, node) -> Any:
+    """The value of a RESHAPE or SLICE_ROWS ``node`` as a view of its source's tensor ``x``."""
+    if node.op is Op.RESHAPE:
+        return x.view(tuple(node.shape))
+    return x[node.arg.start : node.arg.start + node.arg.count]
+
+
 class GpuExecutable(Executable):
     def __init__(self, split, inputs, outputs, launches, keep) -> None:
         super().__init__(split, inputs, outputs)
@@ -53,6 +63,30 @@ class GpuBackend(Backend):
 
     def alloc(self, dtype: DType, shape: tuple[int, ...]) -> Buffer:
         return self.rt.value(dtype, tuple(shape))
+
+    def split_values(self, split, inputs) -> tuple[dict[int, Any], frozenset[int]]:
+        """Every value a split's launches read or write, and the nodes whose value is a view:
+        its inputs and a buffer per node, except that a KV_WRITE's value is its cache (written
+        in place) and a RESHAPE or SLICE_ROWS of a value the split computes is a view of it,
+        which takes no copy and no launch (Gemma 3's per-head norms have four a layer). Values
+        of another split are copied: their buffers may change under a view."""
+        graph = split.graph
+        values: dict[int, Any] = dict(inputs)
+        own: set[int] = set()  # values this split computes (and views of them)
+        views: set[int] = set()
+        for i in split.nodes:
+            node = graph.nodes[i]
+            x = node.src[0] if node.src else None
+            if node.op is Op.KV_WRITE:
+                values[i] = values[x]  # the cache
+                continue
+            if x in own and node.op in VIEWS and node.dtype is not DType.Q8A:  # (3 parts)
+                values[i] = view_of(values[x], node)
+                views.add(i)
+            else:
+                values[i] = self.alloc(node.dtype, node.shape)
+            own.add(i)
+        return values, frozenset(views)
 
     def alloc_host(self, dtype: DType, shape: tuple[int, ...]) -> np.ndarray:
         np_dtype, host_shape = host_layout(dtype, shape)

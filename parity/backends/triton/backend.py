@@ -257,13 +257,7 @@ class TritonBackend(GpuBackend):
 
     def prepare(self, split: Split, inputs: Mapping[int, Buffer]) -> TritonExecutable:
         graph = split.graph
-        values: dict[int, Any] = dict(inputs)
-        for i in split.nodes:
-            node = graph.nodes[i]
-            if node.op is Op.KV_WRITE:
-                values[i] = values[node.src[0]]  # the cache, written in place
-            else:
-                values[i] = self.alloc(node.dtype, node.shape)
+        values, self._views = self.split_values(split, inputs)
         torch = self.rt.torch
         views = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.int16}
         weights = {s for i in split.nodes for s in graph.nodes[i].src
@@ -282,8 +276,9 @@ class TritonBackend(GpuBackend):
         self._rope_kv = self._rope_kv_groups(split)
         for last, group in self._rope_kv.items():
             self._fused.update(set(group) - {last})  # (launched with the group's last node)
+        skip = self._fused | self._views  # (launched with another node, or nothing to do)
         launches = [self._lower(i, graph.nodes[i], values[i], values)
-                    for i in split.nodes if i not in self._fused]  # fmt: skip
+                    for i in split.nodes if i not in skip]  # fmt: skip
         if not self.interpreted:
             for fn in launches:  # compile now (Triton's cache keeps it), not in a capture
                 fn(warmup=True)
