@@ -222,26 +222,30 @@ def _fake_value(dtype, shape):
     return _FakeTensor()
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
-@pytest.mark.parametrize("tokens, n_ctx", [(1, 512), (1, 2048), (7, 2048), (300, 2048)])
-def test_lowering_covers_every_node_of_the_real_models(name, tokens, n_ctx):
-    from parity.arch.decoder import build_decoder, rope_weights
-    from parity.arch.params import GraphParams
+def _twin_spec(name):
+    """A real model's spec with weights of the real types and sizes that take no memory."""
+    from parity.arch.decoder import rope_weights
     from parity.arch.synthetic import REAL_SPECS, twin_layout
-    from parity.backends.cuda.lowering import CHUNKS_ONE_LAUNCH, Lowering
-    from parity.core.fusion import PASSES, fuse
-    from parity.core.ir import Op
     from parity.core.weights import WeightData
 
-    params = GraphParams(n_tokens=tokens, n_ctx=n_ctx, output="argmax" if tokens == 1 else "logits")
     spec = REAL_SPECS[name]
     layout = {**twin_layout(name), **{w.name: (w.dtype, w.shape) for w in rope_weights(spec)}}
-    nothing = np.zeros(1, np.uint8)  # weights of the real sizes that take no memory
-    spec = spec.with_weights(
+    nothing = np.zeros(1, np.uint8)
+    return spec.with_weights(
         WeightData(n, t, shape, np.lib.stride_tricks.as_strided(nothing, (t.nbytes(
             int(np.prod(shape))),), (0,)))
         for n, (t, shape) in layout.items()
     )  # fmt: skip
+
+
+def _lower(spec, params, views=lambda graph: frozenset()):
+    """A decoder graph fused as the GPU backends fuse it, through cuda's Lowering, its values
+    fake addresses."""
+    from parity.arch.decoder import build_decoder
+    from parity.backends.cuda.lowering import Lowering
+    from parity.core.fusion import PASSES, fuse
+    from parity.core.ir import Op
+
     graph = fuse(build_decoder(spec, params), accept=lambda n, s: True, passes=PASSES, share_min=1)
     values = {i: _fake_value(n.dtype, n.shape) for i, n in enumerate(graph.nodes)
               if n.op is not Op.WEIGHT}  # fmt: skip
@@ -254,8 +258,24 @@ def test_lowering_covers_every_node_of_the_real_models(name, tokens, n_ctx):
     for i in nodes:
         for s in graph.nodes[i].src:
             readers.setdefault(s, []).append(i)
-    lowering = Lowering(graph, values, weights, lambda _: None, lambda a, b: None, _fake_value)
-    lowered = lowering.lower(nodes, readers)
+    lowering = Lowering(graph, values, weights, lambda _: None, _copy, _fake_value,
+                        views=views(graph))  # fmt: skip
+    return spec, graph, lowering, lowering.lower(nodes, readers), nodes
+
+
+def _copy(dst, src) -> None:
+    """The lowering's copy (a RESHAPE or SLICE_ROWS that is not a view), counted by identity."""
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+@pytest.mark.parametrize("tokens, n_ctx", [(1, 512), (1, 2048), (7, 2048), (300, 2048)])
+def test_lowering_covers_every_node_of_the_real_models(name, tokens, n_ctx):
+    from parity.arch.params import GraphParams
+    from parity.backends.cuda.lowering import CHUNKS_ONE_LAUNCH
+    from parity.core.ir import Op
+
+    params = GraphParams(n_tokens=tokens, n_ctx=n_ctx, output="argmax" if tokens == 1 else "logits")
+    spec, graph, lowering, lowered, nodes = _lower(_twin_spec(name), params)
     assert lowering.done == set(nodes)  # every node computed, alone or by a fused launch
     names = [launch.name for _, (launch, *_) in lowered.launches if hasattr(launch, "name")]
     producers = (Op.RMS_NORM, Op.RMS_NORM_MUL, Op.ATTENTION)
@@ -350,3 +370,23 @@ def test_reshapes_and_slices_of_computed_values_are_views_not_copies():
     assert values[reshapes[2]].data_ptr() != values[inp].data_ptr()
     values[add].fill_(3.0)
     assert float(values[slice_][0, 0]) == float(values[reshapes[1]][1, 127]) == 3.0
+
+
+def test_gemma3_head_norms_reshape_through_views_not_copies():
+    """Gemma 3's per-head q and k norms RESHAPE the products' rows and back: with those values
+    as views (GpuBackend.split_values) cuda's lowering copies nothing; without, four a layer."""
+    from parity.arch.params import GraphParams
+    from parity.arch.synthetic import synthetic_model, tiny_spec
+    from parity.core.ir import Op
+
+    params = GraphParams(n_tokens=1, n_ctx=1024, output="argmax")
+
+    def reshapes(graph):
+        return frozenset(i for i, n in enumerate(graph.nodes) if n.op is Op.RESHAPE)
+
+    spec, _ = synthetic_model(tiny_spec("gemma3", n_ctx_train=2048), seed=1)
+    for views, copies_per_layer in ((lambda graph: frozenset(), 4), (reshapes, 0)):
+        _, _, lowering, lowered, nodes = _lower(spec, params, views)
+        assert lowering.done == set(nodes)
+        copies = sum(fn is _copy for fn, _ in lowered.launches)
+        assert copies == copies_per_layer * spec.n_layer
