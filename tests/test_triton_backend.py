@@ -349,11 +349,22 @@ def _recorded(self, split, inputs):
 
 
 GpuBackend.split_values = _recorded
+alone = []  # QUANTIZEs of a norm launched on their own (the norm's launch should write them)
+_lower = TritonBackend._lower
+
+
+def _lowered(self, i, node, out, values):
+    if node.op.name == "QUANTIZE" and "NORM" in self.graph_nodes[node.src[0]].op.name:
+        alone.append(i)
+    return _lower(self, i, node, out, values)
+
+
+TritonBackend._lower = _lowered
 spec, weights = synthetic_model(tiny_spec("gemma3", n_ctx_train=512), seed=5)
 report = compare_steps("gemma3", spec, weights, [1, 2, 3], 3, lambda: CpuBackend(Device("cpu")),
                        lambda: TritonBackend(TritonBackend.devices()[0]))
 print(json.dumps([report.violation is None, report.first_divergent is None,
-                  report.identical_share, report.tokens_agree, sum(views)]))
+                  report.identical_share, report.tokens_agree, sum(views), len(alone)]))
 """
 
 
@@ -361,11 +372,13 @@ print(json.dumps([report.violation is None, report.first_divergent is None,
 def test_a_whole_gemma3_model_in_the_interpreter_is_bit_exact_with_its_reshapes_as_views():
     """A tiny Gemma 3 (per-head q and k norms: RESHAPEs of computed values, taken as views of
     their buffers, no copies) through prefill and decode steps: every node bit-identical to
-    the cpu oracle's."""
+    the cpu oracle's, and no norm's QUANTIZE launched apart from its norm."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
     run = subprocess.run([sys.executable, "-c", WHOLE_MODEL], env=env, capture_output=True,
                          text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
-    no_violation, none_divergent, share, tokens, views = json.loads(run.stdout.splitlines()[-1])
+    no_violation, none_divergent, share, tokens, views, alone = json.loads(
+        run.stdout.splitlines()[-1])  # fmt: skip
     assert no_violation and none_divergent and share == 1.0 and tokens == 3
     assert views > 0
+    assert alone == 0  # every norm's QUANTIZE written by the norm's own launch

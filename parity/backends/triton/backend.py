@@ -276,9 +276,9 @@ class TritonBackend(GpuBackend):
         self._rope_kv = self._rope_kv_groups(split)
         for last, group in self._rope_kv.items():
             self._fused.update(set(group) - {last})  # (launched with the group's last node)
-        skip = self._fused | self._views  # (launched with another node, or nothing to do)
-        launches = [self._lower(i, graph.nodes[i], values[i], values)
-                    for i in split.nodes if i not in skip]  # fmt: skip
+        # (not the nodes another launch computes: _lower adds to _fused as it goes; nor views)
+        launches = [self._lower(i, graph.nodes[i], values[i], values) for i in split.nodes
+                    if i not in self._fused and i not in self._views]  # fmt: skip
         if not self.interpreted:
             for fn in launches:  # compile now (Triton's cache keeps it), not in a capture
                 fn(warmup=True)
