@@ -80,8 +80,11 @@ def run_llama(llama_bench: str, model: str, depths: list[int], prefill: list[int
               repeat: int) -> dict:  # fmt: skip
     common = [llama_bench, "-m", model, "-ngl", "99", "-fa", "1", "-r", str(repeat), "-o", "json"]
     rows = []
-    for extra in (["-p", ",".join(map(str, prefill)), "-n", "0"],
-                  ["-p", "0", "-n", str(gen), "-d", ",".join(map(str, depths))]):  # fmt: skip
+    runs = [
+        (prefill, ["-p", ",".join(map(str, prefill)), "-n", "0"]),
+        (depths, ["-p", "0", "-n", str(gen), "-d", ",".join(map(str, depths))]),
+    ]
+    for extra in (args for sizes, args in runs if sizes):  # (none may fit the model's context)
         done = subprocess.run(common + extra, capture_output=True, text=True, check=True)
         rows += json.loads(done.stdout)
     out: dict = {"prefill": {}, "decode": {}}
