@@ -138,7 +138,8 @@ KERNELS = [
     *(("matmul.cu", f"gemm_mma<{t}, {e}>") for t in (2, 3, 6, 8, 12, 14) for e in (0, 1, 2, 4)),
     ("rows.cu", "advance_i32"),
     ("rows.cu", "gelu_f32"),
-    ("rows.cu", "geglu_f32"),
+    ("rows.cu", "glu_f32<1>"),
+    ("rows.cu", "glu_f32<0>"),
     ("rows.cu", "scale_f32"),
     ("attention.cu", "attention_rows<64>"),
     ("attention.cu", "attention_chunks<64>"),
@@ -390,3 +391,29 @@ def test_gemma3_head_norms_reshape_through_views_not_copies():
         assert lowering.done == set(nodes)
         copies = sum(fn is _copy for fn, _ in lowered.launches)
         assert copies == copies_per_layer * spec.n_layer
+
+
+def test_gemma3_decode_step_launches():
+    """A Gemma 3 layer's decode step in 12 launches (13 where attention sums chunks through
+    scratch): the norm with its quantization; q/k/v; the q and k head norms together; their
+    ROPEs and cache writes; attention; o; the norm after attention with the residual ADD; the
+    norm before the FFN; gate/up; GEGLU with its quantization; down; the norm after it with
+    the ADD. (It was 16-17 with each of those norms, ADDs and quantizations launched alone.)"""
+    from parity.arch.params import GraphParams
+    from parity.arch.synthetic import synthetic_model, tiny_spec
+    from parity.core.ir import Op
+
+    params = GraphParams(n_tokens=1, n_ctx=1024, output="argmax")
+    spec, _ = synthetic_model(tiny_spec("gemma3", n_ctx_train=2048), seed=1)
+    _, _, lowering, lowered, nodes = _lower(
+        spec, params, lambda graph: frozenset(
+            i for i, n in enumerate(graph.nodes) if n.op is Op.RESHAPE)
+    )  # fmt: skip
+    assert lowering.done == set(nodes)
+    names = [launch.name for _, (launch, *_) in lowered.launches]
+    sums = names.count("attention_sums<64>")
+    # the step's own: embedding rows, their scale, the output norm, the head and argmax
+    assert len(names) == 12 * spec.n_layer + sums + 5, names
+    assert names.count("rms_norm_f32") == 5 * spec.n_layer + 1
+    assert names.count("glu_f32<1>") == spec.n_layer
+    assert not {"quantize_q8", "binary_f32<0>"} & set(names)

@@ -659,4 +659,8 @@ def fused_suite() -> list[CaseSpec]:
                 _unfused_attention_block(dtype, e, heads, mode, bias, 40, t, 256, spec.rms_eps),
                 rewrite=True,
             )
+    # a norm wider than a norm block's threads (cuda's rms_norm_f32: runs of two squares a
+    # thread), not a power of two, before the products of a decode step
+    wide = _unfused_ffn(DType.Q4_K, 1536, 256, 1, qwen.rms_eps)
+    add("fusion-ffn-Q4_K-1536x256-t1", Op.ADD, DType.Q4_K, wide, rewrite=True)
     return specs

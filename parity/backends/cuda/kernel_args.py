@@ -85,3 +85,18 @@ class RopeSegsArg(ctypes.Structure):
         ("head_dim", ctypes.c_int),
         ("n_rot", ctypes.c_int),
     ]
+
+
+class NormJobArg(ctypes.Structure):
+    """``struct NormJob`` of rows.cu: one norm of an rms_norm_f32 launch (null: not done)."""
+
+    _fields_ = [
+        (name, ctypes.c_void_p) for name in ("y", "q", "qd", "qs", "sum", "x", "w", "res")
+    ] + [("rows", ctypes.c_int)]
+
+
+class NormRowsArg(ctypes.Structure):
+    """``struct NormRows`` of rows.cu: up to two norms of one width and eps in one launch."""
+
+    _fields_ = [("a", NormJobArg), ("b", NormJobArg), ("width", ctypes.c_int),
+                ("eps", ctypes.c_float)]  # fmt: skip

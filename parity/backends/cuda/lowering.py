@@ -8,7 +8,10 @@ Launch-level fusions (same operations, same bits as the nodes one by one):
   the products directly (matmul.cu's rope_kv_rows: a block computes both rows of a pair);
 - ROPE then a KV_WRITE of its rows otherwise: the rope kernel also writes the cache rows; q's
   and k's ROPEs, their KV_WRITEs and v's KV_WRITE at the same positions are one launch;
-- ATTENTION then QUANTIZE of it: the attention kernel also writes the Q8A value.
+- ATTENTION then QUANTIZE of it: the attention kernel also writes the Q8A value;
+- a norm read only by an ADD (Gemma 3's norms after attention and FFN): the norm kernel also
+  writes the sum; two norms of one width and eps (Gemma 3's q and k head norms): one launch;
+- SWIGLU or GEGLU then QUANTIZE of it: the GLU kernel also writes the Q8A value;
 
 Every node's value is still written to its own buffer (the runtime may read any of them back),
 so a fusion only saves a launch and a pass over memory.
@@ -22,7 +25,14 @@ from typing import Any
 
 import attrs
 
-from parity.backends.cuda.kernel_args import AttnArg, GemvSegsArg, Q8Arg, RopeArg, RopeSegsArg
+from parity.backends.cuda.kernel_args import (
+    AttnArg,
+    GemvSegsArg,
+    NormRowsArg,
+    Q8Arg,
+    RopeArg,
+    RopeSegsArg,
+)
 from parity.backends.gpu.driver import Launch, pack, pointer
 from parity.backends.gpu.runtime import Q8Value
 from parity.core.dtypes import DType
@@ -179,7 +189,7 @@ class Lowering:
 
     def lower(self, nodes: tuple[int, ...], readers: Mapping[int, list[int]]) -> Lowered:
         inside = set(nodes)
-        self.inside, self.readers = inside, readers
+        self.inside, self.readers, self.order = inside, readers, nodes
         for i in nodes:
             if i not in self.done:
                 self._lower_node(i)
@@ -264,16 +274,21 @@ class Lowering:
                      [self._ptr(i), self._ptr(node.src[0]), ctypes.c_longlong(n)])  # fmt: skip
 
     def _swiglu(self, i, node, follow):
-        self._glu(i, node, "swiglu_f32")
+        self._glu(i, node, follow, 0)
 
     def _geglu(self, i, node, follow):
-        self._glu(i, node, "geglu_f32")
+        self._glu(i, node, follow, 1)
 
-    def _glu(self, i, node, kernel: str):
+    def _glu(self, i, node, follow, act: int):
         n = node.shape[0] * node.shape[1]
-        self._launch("rows.cu", kernel, grid1(n), (256, 1, 1),
-                     [self._ptr(i), self._ptr(node.src[0]), self._ptr(node.src[1]),
+        qn = self._fused_reader(follow, Op.QUANTIZE)
+        q, qd, qs = self._q8_parts(qn)
+        self._launch("rows.cu", f"glu_f32<{act}>", grid1(n), (256, 1, 1),
+                     [self._ptr(i), pointer(q), pointer(qd), pointer(qs),
+                      self._ptr(node.src[0]), self._ptr(node.src[1]),
                       ctypes.c_longlong(n)])  # fmt: skip
+        if qn is not None:
+            self.done.add(qn)
 
     def _scale(self, i, node, follow):
         n = node.shape[0] * node.shape[1]
@@ -282,17 +297,68 @@ class Lowering:
                       float(node.arg)])  # fmt: skip
 
     def _norm(self, i, node, follow, w):
-        t, width = node.shape
         qn = self._fused_reader(follow, Op.QUANTIZE)
-        q, qd, qs = self._q8_parts(qn)
-        self._launch(
-            "rows.cu", "rms_norm_f32", (t, 1, 1), (NORM_THREADS, 1, 1),
-            [self._ptr(i), pointer(q), pointer(qd), pointer(qs), self._ptr(node.src[0]),
-             ctypes.c_void_p(None) if w is None else self._ptr(w), width, float(node.arg)],
-            shared=width * 4 if qn is not None else 0,
-        )  # fmt: skip
-        if qn is not None:
-            self.done.add(qn)
+        jobs = [(i, w, qn)]
+        other = None if qn is not None else self._norm_sibling(i, node)
+        if other is not None:
+            jobs.append((other, self._norm_weight(other), None))
+            self.done.add(other)
+        self._launch_norm(jobs)
+
+    def _launch_norm(self, jobs: list[tuple[int, int | None, int | None]]) -> None:
+        """One rms_norm_f32 launch of one or two norms (node, weight, QUANTIZE or None) of one
+        width and eps; a norm read only by an ADD also writes its sum."""
+        first = self.graph.nodes[jobs[0][0]]
+        a = NormRowsArg()
+        a.width, a.eps = first.shape[1], float(first.arg)
+        for slot, (i, w, qn) in zip("ab", jobs, strict=False):
+            node = self.graph.nodes[i]
+            job = getattr(a, slot)
+            job.y, job.x = self._ptr(i).value, self._ptr(node.src[0]).value
+            job.w = None if w is None else self._ptr(w).value
+            job.rows = node.shape[0]
+            if qn is not None:
+                job.q, job.qd, job.qs = (p.data_ptr() for p in self._q8_parts(qn))
+                self.done.add(qn)
+            add = self._norm_add(i) if qn is None else None
+            if add is not None:
+                res = next(s for s in self.graph.nodes[add].src if s != i)
+                job.sum, job.res = self._ptr(add).value, self._ptr(res).value
+                self.done.add(add)
+        quantized = any(qn is not None for _, _, qn in jobs)
+        self._launch("rows.cu", "rms_norm_f32", (a.a.rows + a.b.rows, 1, 1),
+                     (NORM_THREADS, 1, 1), [a], a.width * 4 if quantized else 0)  # fmt: skip
+
+    def _norm_weight(self, i: int) -> int | None:
+        node = self.graph.nodes[i]
+        return node.src[1] if node.op is Op.RMS_NORM_MUL else None
+
+    def _norm_add(self, i: int) -> int | None:
+        """The ADD that is the norm's one reader in the split, of two values of one shape, the
+        other one ready: the norm kernel writes its sum too."""
+        inside = [u for u in self.readers.get(i, []) if u in self.inside]
+        if len(inside) != 1 or inside[0] in self.done:
+            return None
+        add = self.graph.nodes[inside[0]]
+        if add.op is not Op.ADD:
+            return None
+        a, b = add.src
+        if a == b or self.graph.nodes[a].shape != self.graph.nodes[b].shape:
+            return None
+        return inside[0] if self._ready(b if a == i else a) else None
+
+    def _norm_sibling(self, i: int, node: Node) -> int | None:
+        """A later norm of the split of this one's width and eps, its x ready and no QUANTIZE
+        among its readers (Gemma 3's k head norm, after q's): launched with this one."""
+        for j in self.order[self.order.index(i) + 1 :]:
+            other = self.graph.nodes[j]
+            if (j in self.done or other.op not in (Op.RMS_NORM, Op.RMS_NORM_MUL)
+                    or other.shape[1] != node.shape[1] or other.arg != node.arg
+                    or not self._ready(other.src[0])):  # fmt: skip
+                continue
+            if not any(self.graph.nodes[u].op is Op.QUANTIZE for u in self.readers.get(j, [])):
+                return j
+        return None
 
     def _rms_norm(self, i, node, follow):
         self._norm(i, node, follow, None)
@@ -381,8 +447,10 @@ class Lowering:
 
     def _ready(self, i: int) -> bool:
         """Whether node ``i``'s value exists before the next launch: computed by an earlier
-        launch of this split, or not computed by this split at all."""
-        return i in self.done or i not in self.inside
+        launch of this split, not computed by this split at all, or a view of such a value."""
+        if i in self.done or i not in self.inside:
+            return True
+        return i in self.views and self._ready(self.graph.nodes[i].src[0])
 
     def _kv_write(self, i, node, follow):
         cache, rows, pos = node.src
@@ -661,5 +729,6 @@ class Lowering:
         self._product(g, x, (gate,), None, None, node.shape)
         self._product(u, x, (up,), None, None, node.shape)
         n = node.shape[0] * node.shape[1]
-        self._launch("rows.cu", "swiglu_f32", grid1(n), (256, 1, 1),
-                     [self._ptr(i), pointer(g), pointer(u), ctypes.c_longlong(n)])  # fmt: skip
+        self._launch("rows.cu", "glu_f32<0>", grid1(n), (256, 1, 1),
+                     [self._ptr(i), pointer(None), pointer(None), pointer(None), pointer(g),
+                      pointer(u), ctypes.c_longlong(n)])  # fmt: skip

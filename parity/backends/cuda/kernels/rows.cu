@@ -1,5 +1,6 @@
-// Row-wise and elementwise ops: ADD, MUL, SILU, SWIGLU, GELU, GEGLU, SCALE, RMS_NORM (and its MUL, and the Q8
-// activation quantization that may follow it), QUANTIZE, ROPE, KV_WRITE, GET_ROWS, ARGMAX.
+// Row-wise and elementwise ops: ADD, MUL, SILU, SWIGLU, GELU, GEGLU, SCALE, RMS_NORM (and its
+// MUL, and the Q8 activation quantization or the residual ADD that may follow it), QUANTIZE,
+// ROPE, KV_WRITE, GET_ROWS, ARGMAX.
 // Each is docs/numerics.md's listing; rows are independent, so a row's bits never depend on
 // how many rows a launch covers.
 #include "common.cuh"
@@ -28,11 +29,18 @@ __global__ void silu_f32(float* y, const float* x, i64 n) {
         y[i] = p_silu(x[i]);
 }
 
-__global__ void swiglu_f32(float* y, const float* g, const float* u, i64 n) {
+// SWIGLU (ACT 0) or GEGLU (ACT 1): y = fl(act(g) * u), and its QUANTIZE when q is given (n a
+// multiple of 32 and blocks of 256 threads: each warp's 32 elements are one Q8 block)
+template <int ACT>
+__global__ void glu_f32(float* y, i8* q, float* qd, float* qs, const float* g, const float* u,
+                        i64 n) {
     pdl_begin();
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
-         i += (i64)gridDim.x * blockDim.x)
-        y[i] = __fmul_rn(p_silu(g[i]), u[i]);
+         i += (i64)gridDim.x * blockDim.x) {
+        const float v = __fmul_rn(ACT ? p_gelu(g[i]) : p_silu(g[i]), u[i]);
+        y[i] = v;
+        if (q != nullptr) quantize_block(v, q + (i & ~(i64)31), qd + (i >> 5), qs + (i >> 5));
+    }
 }
 
 __global__ void gelu_f32(float* y, const float* x, i64 n) {
@@ -40,13 +48,6 @@ __global__ void gelu_f32(float* y, const float* x, i64 n) {
     for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
          i += (i64)gridDim.x * blockDim.x)
         y[i] = p_gelu(x[i]);
-}
-
-__global__ void geglu_f32(float* y, const float* g, const float* u, i64 n) {
-    pdl_begin();
-    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < n;
-         i += (i64)gridDim.x * blockDim.x)
-        y[i] = __fmul_rn(p_gelu(g[i]), u[i]);
 }
 
 __global__ void scale_f32(float* y, const float* x, i64 n, float c) {
@@ -100,22 +101,53 @@ __device__ float block_tree(float v, int P, float* smem) {
     return r;
 }
 
-// ---- RMS_NORM [MUL] [QUANTIZE] -------------------------------------------------------------
+// ---- RMS_NORM [MUL] [QUANTIZE] [ADD] --------------------------------------------------------
 
 // One block per row. Thread t takes the aligned run [tR, tR + R) of the next_pow2(width)
 // slots of the squares' TREE (R = max(1, W / blockDim.x)), so the block's tree is the
 // contract's. y = x * scale (* w when w is given); the row is also quantized when q is given
-// (the Q8A a matrix product reads: RMS_NORM + MUL + QUANTIZE in one launch).
+// (the Q8A a matrix product reads: RMS_NORM + MUL + QUANTIZE in one launch), and added to a
+// residual when sum is given (sum = fl(res + y): Gemma 3's norms after attention and FFN and
+// the ADD after each). Up to two norms of one width and eps in one launch: job b takes the
+// rows after job a's (Gemma 3's q and k head norms).
 #define NORM_THREADS 1024  // a warp per Q8 block of rows up to 32768 wide: one quantize round
 #define NORM_MAXL 9  // runs of up to 256 slots per thread: widths up to 262144
 
-__global__ void __launch_bounds__(NORM_THREADS)
-rms_norm_f32(float* y, i8* q, float* qd, float* qs, const float* x, const float* w, int width,
-             float eps) {
+struct NormJob {
+    float* y;
+    i8* q;  // null: not quantized
+    float* qd;
+    float* qs;
+    float* sum;  // null: no ADD
+    const float* x;
+    const float* w;  // null: RMS_NORM
+    const float* res;
+    int rows;
+};
+struct NormRows {
+    NormJob a, b;  // b.rows = 0: one norm
+    int width;
+    float eps;
+};
+
+__global__ void __launch_bounds__(NORM_THREADS) rms_norm_f32(NormRows args) {
     pdl_begin();
     extern __shared__ float srow[];  // width floats, when quantizing
     __shared__ float tmp[33];
-    const i64 row = blockIdx.x;
+    // this block's job (fields selected, not indexed: an index would copy the args to memory)
+    const bool second = (int)blockIdx.x >= args.a.rows;
+    const NormJob& ja = args.a;
+    const NormJob& jb = args.b;
+    float* y = second ? jb.y : ja.y;
+    i8* q = second ? jb.q : ja.q;
+    float* qd = second ? jb.qd : ja.qd;
+    float* qs = second ? jb.qs : ja.qs;
+    float* sum = second ? jb.sum : ja.sum;
+    const float* x = second ? jb.x : ja.x;
+    const float* w = second ? jb.w : ja.w;
+    const float* res = second ? jb.res : ja.res;
+    const int width = args.width;
+    const i64 row = second ? blockIdx.x - args.a.rows : blockIdx.x;
     const float* xr = x + row * width;
     const int W = next_pow2(width);
     const int R = W > NORM_THREADS ? W / NORM_THREADS : 1;
@@ -141,12 +173,13 @@ rms_norm_f32(float* y, i8* q, float* qd, float* qs, const float* x, const float*
     }
     float ss = block_tree(part, P, tmp);
     float mean = __fdiv_rn(ss, (float)width);
-    float r = __fsqrt_rn(__fadd_rn(mean, eps));
+    float r = __fsqrt_rn(__fadd_rn(mean, args.eps));
     float scale = __fdiv_rn(1.0f, r);
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
         float v = __fmul_rn(one ? x1 : xr[i], scale);
         if (w != nullptr) v = __fmul_rn(v, one ? w1 : w[i]);
         if (y != nullptr) y[row * width + i] = v;
+        if (sum != nullptr) sum[row * width + i] = __fadd_rn(res[row * width + i], v);
         if (q != nullptr) srow[i] = v;
     }
     if (q == nullptr) return;
