@@ -118,7 +118,7 @@ def main() -> None:
         results[name] = {}
         trained = read_model_file(model).spec.n_ctx_train  # sizes past it are left out
         fit = [s for s in sizes if max(s, 1) + args.gen + CTX_SPARE <= trained]
-        for runner in args.runners.split(","):
+        for runner in filter(None, args.runners.split(",")):  # (none: llama.cpp alone)
             results[name][runner] = run_parity(model, runner, fit, args.gen, args.repeat)
             print(f"{name} {runner}: {json.dumps(results[name][runner]['sizes'])}", flush=True)
         if args.llama_bench:
