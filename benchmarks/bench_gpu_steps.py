@@ -28,7 +28,13 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--position", type=int, default=100)
-    ap.add_argument("--profile", action="store_true", help="time every kernel of a step")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="time every kernel of a step (under programmatic dependent launch a kernel starts "
+        "before the one before it ends and waits for it, and CUPTI counts the wait: "
+        "PARITY_PDL=0 for each kernel's own time)",
+    )
     ap.add_argument("--numerics", default="exact")
     ap.add_argument(
         "--first-step",
@@ -320,8 +326,9 @@ def host_profile(model, steps: int = 200) -> None:
 
 
 def kernel_times(exe, backend, torch, runs: int = 10) -> dict:
-    """Device microseconds per run of each kernel (CUPTI, through torch.profiler: the kernels'
-    own time, captured graphs included), their count per run, and the run's busy total."""
+    """Device microseconds per run of each kernel (CUPTI, through torch.profiler, captured
+    graphs included; under PDL a kernel's time holds its wait for the kernel before), their
+    count per run, and the run's busy total."""
     from torch.profiler import ProfilerActivity, profile
 
     backend.execute(exe)
