@@ -417,3 +417,51 @@ def test_gemma3_decode_step_launches():
     assert names.count("rms_norm_f32") == 5 * spec.n_layer + 1
     assert names.count("glu_f32<1>") == spec.n_layer
     assert not {"quantize_q8", "binary_f32<0>"} & set(names)
+
+
+@pytest.mark.parametrize("case", ["add of two norms", "norm after a fused add"])
+def test_a_two_norm_launch_never_reads_what_its_other_job_writes(case):
+    """Two norms in one rms_norm_f32 launch run in different blocks: neither may take the
+    other's rows (or the sum it writes) as its residual. ADD(norm(x), norm(y)) and a = r +
+    norm(x); b = a + norm(y): those ADDs launch on their own."""
+    from parity.backends.cuda.kernel_args import NormRowsArg
+    from parity.backends.cuda.lowering import Lowering
+    from parity.core.dtypes import DType
+    from parity.core.ir import Graph, Node, Op
+
+    f32, shape = DType.F32, (4, 64)
+    nodes = [Node(Op.INPUT, f32, shape, (), n) for n in ("x", "y", "r")]
+    if case == "add of two norms":
+        nodes += [
+            Node(Op.RMS_NORM, f32, shape, (0,), 1e-6),
+            Node(Op.RMS_NORM, f32, shape, (1,), 1e-6),
+            Node(Op.ADD, f32, shape, (3, 4)),
+        ]
+    else:
+        nodes += [
+            Node(Op.RMS_NORM, f32, shape, (0,), 1e-6),
+            Node(Op.ADD, f32, shape, (2, 3)),
+            Node(Op.RMS_NORM, f32, shape, (1,), 1e-6),
+            Node(Op.ADD, f32, shape, (4, 5)),
+        ]
+    graph = Graph(tuple(nodes), (len(nodes) - 1,))  # fmt: skip
+    values = {i: _fake_value(n.dtype, n.shape) for i, n in enumerate(graph.nodes)}
+    order = tuple(i for i, n in enumerate(graph.nodes) if not n.op.is_leaf)
+    readers: dict[int, list[int]] = {}
+    for i in order:
+        for s in graph.nodes[i].src:
+            readers.setdefault(s, []).append(i)
+    lowering = Lowering(graph, values, {}, lambda _: None, _copy, _fake_value)
+    lowered = lowering.lower(order, readers)
+    assert lowering.done == set(order)
+    names = [launch.name for _, (launch, *_) in lowered.launches]
+    assert names.count("rms_norm_f32") == 1  # the two norms together
+    assert names.count("binary_f32<0>") == 1  # the ADD that would read the other job's rows
+    (norms,) = (launch.args[0] for _, (launch, *_) in lowered.launches
+                if launch.name == "rms_norm_f32")  # fmt: skip
+    assert isinstance(norms, NormRowsArg)
+    jobs = [job for job in (norms.a, norms.b) if job.rows]
+    assert len(jobs) == 2
+    writes = {p for job in jobs for p in (job.y, job.sum) if p}
+    reads = {p for job in jobs for p in (job.x, job.res) if p}
+    assert not writes & reads

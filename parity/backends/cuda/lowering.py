@@ -307,10 +307,12 @@ class Lowering:
 
     def _launch_norm(self, jobs: list[tuple[int, int | None, int | None]]) -> None:
         """One rms_norm_f32 launch of one or two norms (node, weight, QUANTIZE or None) of one
-        width and eps; a norm read only by an ADD also writes its sum."""
+        width and eps; a norm read only by an ADD also writes its sum. No job reads what
+        another block of the launch writes: ``written``."""
         first = self.graph.nodes[jobs[0][0]]
         a = NormRowsArg()
         a.width, a.eps = first.shape[1], float(first.arg)
+        written = {i for i, _, _ in jobs}
         for slot, (i, w, qn) in zip("ab", jobs, strict=False):
             node = self.graph.nodes[i]
             job = getattr(a, slot)
@@ -320,11 +322,12 @@ class Lowering:
             if qn is not None:
                 job.q, job.qd, job.qs = (p.data_ptr() for p in self._q8_parts(qn))
                 self.done.add(qn)
-            add = self._norm_add(i) if qn is None else None
+            add = self._norm_add(i, written) if qn is None else None
             if add is not None:
                 res = next(s for s in self.graph.nodes[add].src if s != i)
                 job.sum, job.res = self._ptr(add).value, self._ptr(res).value
                 self.done.add(add)
+                written.add(add)
         quantized = any(qn is not None for _, _, qn in jobs)
         self._launch("rows.cu", "rms_norm_f32", (a.a.rows + a.b.rows, 1, 1),
                      (NORM_THREADS, 1, 1), [a], a.width * 4 if quantized else 0)  # fmt: skip
@@ -333,9 +336,10 @@ class Lowering:
         node = self.graph.nodes[i]
         return node.src[1] if node.op is Op.RMS_NORM_MUL else None
 
-    def _norm_add(self, i: int) -> int | None:
+    def _norm_add(self, i: int, written: set[int]) -> int | None:
         """The ADD that is the norm's one reader in the split, of two values of one shape, the
-        other one ready: the norm kernel writes its sum too."""
+        other one ready and not ``written`` by the same launch (ADD(norm(x), norm(y)) of two
+        jobs: the other job's rows are another block's): the norm kernel writes its sum too."""
         inside = [u for u in self.readers.get(i, []) if u in self.inside]
         if len(inside) != 1 or inside[0] in self.done:
             return None
@@ -345,16 +349,17 @@ class Lowering:
         a, b = add.src
         if a == b or self.graph.nodes[a].shape != self.graph.nodes[b].shape:
             return None
-        return inside[0] if self._ready(b if a == i else a) else None
+        other = b if a == i else a
+        return inside[0] if other not in written and self._ready(other) else None
 
     def _norm_sibling(self, i: int, node: Node) -> int | None:
-        """A later norm of the split of this one's width and eps, its x ready and no QUANTIZE
-        among its readers (Gemma 3's k head norm, after q's): launched with this one."""
+        """A later norm of the split of this one's width and eps, its x and weight ready and no
+        QUANTIZE among its readers (Gemma 3's k head norm, after q's): launched with this one."""
         for j in self.order[self.order.index(i) + 1 :]:
             other = self.graph.nodes[j]
             if (j in self.done or other.op not in (Op.RMS_NORM, Op.RMS_NORM_MUL)
                     or other.shape[1] != node.shape[1] or other.arg != node.arg
-                    or not self._ready(other.src[0])):  # fmt: skip
+                    or not all(self._ready(s) for s in other.src)):  # fmt: skip
                 continue
             if not any(self.graph.nodes[u].op is Op.QUANTIZE for u in self.readers.get(j, [])):
                 return j
