@@ -11,7 +11,7 @@ Launch-level fusions (same operations, same bits as the nodes one by one):
 - ATTENTION then QUANTIZE of it: the attention kernel also writes the Q8A value;
 - a norm read only by an ADD (Gemma 3's norms after attention and FFN): the norm kernel also
   writes the sum; two norms of one width and eps (Gemma 3's q and k head norms): one launch;
-- SWIGLU or GEGLU then QUANTIZE of it: the GLU kernel also writes the Q8A value;
+- SWIGLU or GEGLU then QUANTIZE of it: the GLU kernel also writes the Q8A value.
 
 Every node's value is still written to its own buffer (the runtime may read any of them back),
 so a fusion only saves a launch and a pass over memory.
