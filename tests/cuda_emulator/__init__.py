@@ -1,0 +1,128 @@
+"""The cuda backend's CUDA C kernels, compiled by the host C++ compiler and run on the CPU.
+
+``emu.hpp`` maps CUDA's threads, barriers, warp intrinsics and shared memory onto fibers (see
+its header comment), so a kernel's logic, its barriers and its bits can be tested on a machine
+without a GPU, against the cpu oracle. It says nothing about speed, and nothing about what
+only the device does (PTX assembly, memory ordering between concurrent blocks).
+
+    lib = compile_kernels("attention.cu", ["attention_rows<64>"])
+    lib.launch("attention_rows<64>", grid=(n_head, t), block=(256,), arg=AttnArg(...))
+
+Pointers in the argument structs are host addresses (numpy arrays' ``ctypes.data``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import parity.backends.cuda as cuda_pkg
+
+KERNELS = Path(cuda_pkg.__file__).parent / "kernels"
+HEADER = Path(__file__).parent / "emu.hpp"
+FLAGS = ["-std=c++17", "-O1", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared",
+         "-w"]  # fmt: skip
+
+# `extern __shared__ T name[];` (dynamic shared memory): the launch's buffer
+_DYNAMIC = re.compile(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?(\w+)\s+(\w+)\s*\[\s*\]\s*;")
+
+
+def compiler() -> str | None:
+    """The host C++ compiler, or None."""
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
+
+
+class EmulatorError(RuntimeError):
+    """A kernel failed in the emulator (a barrier some threads never reach, a bad block)."""
+
+
+class Library:
+    """A compiled set of kernels; ``launch`` runs one over a grid."""
+
+    def __init__(self, path: Path, names: list[str]) -> None:
+        self._lib = ctypes.CDLL(str(path))
+        self._lib.emu_launch.restype = ctypes.c_int
+        self._lib.emu_launch.argtypes = (
+            [ctypes.c_int]
+            + [ctypes.c_uint] * 6
+            + [
+                ctypes.c_void_p,
+                ctypes.c_size_t,
+            ]
+        )
+        self._lib.emu_error.restype = ctypes.c_char_p
+        self._index = {name: i for i, name in enumerate(names)}
+
+    def launch(
+        self,
+        name: str,
+        grid: tuple[int, ...],
+        block: tuple[int, ...],
+        arg: ctypes.Structure,
+        dynamic_smem: int = 0,
+    ) -> None:
+        if name not in self._index:
+            raise EmulatorError(f"{name} was not compiled into this library: {list(self._index)}")
+        g = (*grid, 1, 1)[:3]
+        b = (*block, 1, 1)[:3]
+        rc = self._lib.emu_launch(self._index[name], *g, *b, ctypes.addressof(arg), dynamic_smem)
+        if rc != 0:
+            raise EmulatorError(f"{name}: {self._lib.emu_error().decode()}")
+
+
+def _source(files: list[str], names: list[str]) -> str:
+    lines = ['#include "emu.hpp"']
+    for f in files:
+        text = (KERNELS / f).read_text()
+        text = text.replace('#include "', f'#include "{KERNELS}/')
+        lines.append(_DYNAMIC.sub(r"\1* \2 = static_cast<\1*>(emu::dynamic_smem());", text))
+    lines.append('extern "C" const char* emu_error() { return emu::state().error; }')
+    lines.append(
+        'extern "C" int emu_launch(int k, unsigned gx, unsigned gy, unsigned gz, unsigned bx,'
+        " unsigned by, unsigned bz, const void* arg, size_t dyn) {"
+    )
+    lines.append("    const dim3 g{gx, gy, gz}, b{bx, by, bz};")
+    lines.append("    switch (k) {")
+    for i, name in enumerate(names):
+        lines.append(f"    case {i}: return emu::launch(&{name}, arg, g, b, dyn);")
+    lines.append("    }")
+    lines.append("    return -2;")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def compile_kernels(files: str | list[str], names: list[str], cache: Path | None = None) -> Library:
+    """Compile kernel source ``files`` (in the cuda backend's kernels folder) with the kernels
+    ``names`` (instantiations written as in CUDA C, e.g. ``attention_rows_gqa<64, 7>``) for the
+    CPU; reuses a build of the same sources, header, names and flags."""
+    files = [files] if isinstance(files, str) else list(files)
+    cxx = compiler()
+    if cxx is None:
+        raise EmulatorError("no C++ compiler (g++ or clang++, or $CXX) to build the kernels with")
+    src = _source(files, names)
+    includes = sorted(KERNELS.glob("*.cu*"))
+    key = hashlib.sha256(
+        "\0".join(
+            [src, HEADER.read_text(), cxx, *FLAGS] + [p.read_text() for p in includes]
+        ).encode()
+    ).hexdigest()[:20]
+    cache = cache or Path(tempfile.gettempdir()) / "parity-cuda-emulator"
+    cache.mkdir(parents=True, exist_ok=True)
+    lib = cache / f"{key}.so"
+    if not lib.exists():
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            cpp = Path(tmp) / "kernels.cpp"
+            cpp.write_text(src)
+            out = Path(tmp) / "kernels.so"
+            cmd = [cxx, *FLAGS, "-I", str(HEADER.parent), "-o", str(out), str(cpp)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise EmulatorError(f"compiling {files} failed:\n{done.stderr[-4000:]}")
+            os.replace(out, lib)  # atomic: parallel test workers may build the same library
+    return Library(lib, names)

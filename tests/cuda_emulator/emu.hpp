@@ -1,0 +1,385 @@
+// CUDA C on the CPU, for testing the cuda backend's kernels on machines without a GPU.
+//
+// The kernel sources are compiled by the host C++ compiler with this header included first.
+// Each CUDA thread of a block is a fiber (ucontext) on one OS thread; the blocks of a grid run
+// one after another. A block's fibers run in turn until each reaches a barrier: __syncthreads
+// waits for the block, __syncwarp and the warp intrinsics (shuffles, votes) for the warp, so
+// every warp-synchronous exchange the kernels rely on happens as on the device. A barrier that
+// some thread never reaches (a divergent __syncthreads) is reported, not hung on. Since fibers
+// never preempt each other, atomics are plain read-modify-writes and fences are no-ops.
+//
+// __shared__ variables become function statics, shared by a block's fibers; blocks run one at
+// a time, so each block sees them as its own (their contents carry over between blocks, like
+// uninitialised shared memory). Float arithmetic is the host's binary32 with contraction off
+// (-ffp-contract=off): the same correctly rounded operations as the device's --fmad=false.
+#pragma once
+
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __constant__ static
+
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+struct alignas(8) float2 {
+    float x, y;
+};
+struct alignas(16) int4 {
+    int x, y, z, w;
+};
+struct alignas(8) int2 {
+    int x, y;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
+
+namespace emu {
+
+constexpr int MAX_THREADS = 1024;
+constexpr size_t STACK_BYTES = 256 << 10;
+
+struct Fiber {
+    ucontext_t ctx;
+    dim3 tid;
+    int lane = 0, warp = 0;
+    int wait = 0;  // 0 running, 1 block barrier, 2 warp barrier
+    unsigned long long gen = 0;  // the barrier generation it waits to pass
+    bool done = false;
+};
+
+struct Warp {
+    int size = 0, arrived = 0;
+    unsigned long long gen = 0;
+    unsigned long long slot[32];
+};
+
+struct State {
+    dim3 grid, block, block_idx;
+    int nthreads = 0, arrived = 0;
+    unsigned long long gen = 0;
+    std::vector<Fiber> fibers;
+    std::vector<Warp> warps;
+    std::vector<std::vector<char>> stacks;
+    std::vector<unsigned char> dynamic_smem;
+    ucontext_t sched;
+    Fiber* cur = nullptr;
+    void (*body)(const void*) = nullptr;
+    const void* arg = nullptr;
+    char error[256] = {0};
+};
+
+inline State& state() {
+    static State s;
+    return s;
+}
+
+inline void fail(const char* what) {
+    State& s = state();
+    if (!s.error[0]) std::snprintf(s.error, sizeof s.error, "%s", what);
+}
+
+// park the current fiber until the scheduler resumes it
+inline void park(int kind, unsigned long long gen) {
+    State& s = state();
+    Fiber* f = s.cur;
+    f->wait = kind;
+    f->gen = gen;
+    swapcontext(&f->ctx, &s.sched);
+}
+
+inline void sync_block() {
+    State& s = state();
+    const unsigned long long gen = s.gen;
+    if (++s.arrived == s.nthreads) {
+        s.arrived = 0;
+        ++s.gen;
+        return;
+    }
+    park(1, gen);
+}
+
+inline void sync_warp() {
+    State& s = state();
+    Warp& w = s.warps[s.cur->warp];
+    const unsigned long long gen = w.gen;
+    if (++w.arrived == w.size) {
+        w.arrived = 0;
+        ++w.gen;
+        return;
+    }
+    park(2, gen);
+}
+
+// every lane of the warp publishes v, then reads lane src's
+template <typename T>
+inline T exchange(T v, int src) {
+    static_assert(sizeof(T) <= 8, "a shuffled value fits in 8 bytes");
+    State& s = state();
+    Warp& w = s.warps[s.cur->warp];
+    unsigned long long bits = 0;
+    std::memcpy(&bits, &v, sizeof(T));
+    sync_warp();  // the slots' previous readers are done
+    w.slot[s.cur->lane] = bits;
+    sync_warp();
+    T r;
+    const unsigned long long got = w.slot[src < w.size ? src : s.cur->lane];
+    std::memcpy(&r, &got, sizeof(T));
+    return r;
+}
+
+inline void entry() {
+    State& s = state();
+    s.body(s.arg);
+    s.cur->done = true;
+    swapcontext(&s.cur->ctx, &s.sched);
+}
+
+inline bool runnable(const State& s, const Fiber& f) {
+    if (f.done) return false;
+    if (f.wait == 1) return s.gen > f.gen;
+    if (f.wait == 2) return s.warps[f.warp].gen > f.gen;
+    return true;
+}
+
+// Runs body(arg) as every thread of every block. Returns 0, or -1 with state().error set.
+inline int run_grid(void (*body)(const void*), const void* arg, dim3 grid, dim3 block,
+                    size_t dynamic_smem) {
+    State& s = state();
+    s.error[0] = 0;
+    const long n = (long)block.x * block.y * block.z;
+    if (n < 1 || n > MAX_THREADS) {
+        fail("block size out of range");
+        return -1;
+    }
+    s.grid = grid;
+    s.block = block;
+    s.nthreads = (int)n;
+    s.body = body;
+    s.arg = arg;
+    s.fibers.assign(n, Fiber{});
+    s.warps.assign((n + 31) / 32, Warp{});
+    for (size_t w = 0; w < s.warps.size(); ++w) s.warps[w].size = (int)std::min<long>(32, n - 32 * (long)w);
+    if ((long)s.stacks.size() < n) s.stacks.resize(n);
+    for (long i = 0; i < n; ++i) s.stacks[i].resize(STACK_BYTES);
+    s.dynamic_smem.assign(dynamic_smem + 16, 0xff);  // NaN-ish garbage, as on the device
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+        for (unsigned by = 0; by < grid.y; ++by)
+            for (unsigned bx = 0; bx < grid.x; ++bx) {
+                s.block_idx = dim3{bx, by, bz};
+                s.arrived = 0;
+                s.gen = 0;
+                for (auto& w : s.warps) w.arrived = 0, w.gen = 0;
+                for (long i = 0; i < n; ++i) {
+                    Fiber& f = s.fibers[i];
+                    f = Fiber{};
+                    f.tid = dim3{(unsigned)(i % block.x), (unsigned)(i / block.x % block.y),
+                                 (unsigned)(i / (block.x * block.y))};
+                    f.lane = (int)(i % 32);
+                    f.warp = (int)(i / 32);
+                    getcontext(&f.ctx);
+                    f.ctx.uc_stack.ss_sp = s.stacks[i].data();
+                    f.ctx.uc_stack.ss_size = STACK_BYTES;
+                    f.ctx.uc_link = nullptr;
+                    makecontext(&f.ctx, entry, 0);
+                }
+                long left = n;
+                while (left > 0) {
+                    bool moved = false;
+                    for (long i = 0; i < n; ++i) {
+                        Fiber& f = s.fibers[i];
+                        if (!runnable(s, f)) continue;
+                        f.wait = 0;
+                        s.cur = &f;
+                        swapcontext(&s.sched, &f.ctx);
+                        moved = true;
+                        if (f.done) --left;
+                    }
+                    if (!moved) {
+                        std::snprintf(s.error, sizeof s.error,
+                                      "block (%u, %u, %u): %ld threads wait at a barrier the "
+                                      "others never reach (divergent __syncthreads or warp sync)",
+                                      bx, by, bz, left);
+                        return -1;
+                    }
+                }
+                if (s.error[0]) return -1;
+            }
+    return 0;
+}
+
+// the kernel's one by-value argument struct, from its bytes
+template <typename A>
+struct Kernel {
+    static inline void (*fn)(A) = nullptr;
+    static void body(const void* arg) { fn(*static_cast<const A*>(arg)); }
+};
+
+template <typename A>
+inline int launch(void (*fn)(A), const void* arg, dim3 grid, dim3 block, size_t dynamic_smem) {
+    Kernel<A>::fn = fn;
+    return run_grid(&Kernel<A>::body, arg, grid, block, dynamic_smem);
+}
+
+inline void* dynamic_smem() { return state().dynamic_smem.data(); }
+
+}  // namespace emu
+
+#define threadIdx (emu::state().cur->tid)
+#define blockIdx (emu::state().block_idx)
+#define blockDim (emu::state().block)
+#define gridDim (emu::state().grid)
+
+inline void __syncthreads() { emu::sync_block(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::sync_warp(); }
+inline void __threadfence() {}
+inline void __threadfence_block() {}
+inline void __trap() { emu::fail("__trap"); }
+
+template <typename T>
+inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
+    const int lane = emu::state().cur->lane;
+    return emu::exchange(v, (lane & ~(width - 1)) + (src & (width - 1)));
+}
+template <typename T>
+inline T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
+    const int lane = emu::state().cur->lane;
+    const int src = lane ^ mask;
+    return emu::exchange(v, (src & ~(width - 1)) == (lane & ~(width - 1)) ? src : lane);
+}
+template <typename T>
+inline T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
+    const int lane = emu::state().cur->lane;
+    const int src = lane + (int)delta;
+    return emu::exchange(v, (src & ~(width - 1)) == (lane & ~(width - 1)) ? src : lane);
+}
+template <typename T>
+inline T __shfl_up_sync(unsigned, T v, unsigned delta, int width = 32) {
+    const int lane = emu::state().cur->lane;
+    const int src = lane - (int)delta;
+    return emu::exchange(v, src >= (lane & ~(width - 1)) ? src : lane);
+}
+inline unsigned __ballot_sync(unsigned, int pred) {
+    unsigned r = 0;
+    const int size = emu::state().warps[emu::state().cur->warp].size;
+    for (int l = 0; l < 32; ++l) {
+        // every lane takes part in each round's exchange
+        const int got = emu::exchange(pred ? 1 : 0, l);
+        if (l < size && got) r |= 1u << l;
+    }
+    return r;
+}
+inline int __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }
+inline int __all_sync(unsigned m, int pred) {
+    const int size = emu::state().warps[emu::state().cur->warp].size;
+    const unsigned full = size == 32 ? 0xffffffffu : (1u << size) - 1;
+    return __ballot_sync(m, pred) == full;
+}
+
+template <typename T>
+inline T atomicAdd(T* p, T v) {
+    const T old = *p;
+    *p = old + v;
+    return old;
+}
+template <typename T>
+inline T atomicMax(T* p, T v) {
+    const T old = *p;
+    *p = std::max(old, v);
+    return old;
+}
+template <typename T>
+inline T atomicExch(T* p, T v) {
+    const T old = *p;
+    *p = v;
+    return old;
+}
+
+// the cache-hinted loads and stores: plain ones
+template <typename T>
+inline T __ldg(const T* p) {
+    return *p;
+}
+template <typename T>
+inline T __ldcg(const T* p) {
+    return *p;
+}
+template <typename T>
+inline T __ldcs(const T* p) {
+    return *p;
+}
+template <typename T>
+inline void __stcg(T* p, T v) {
+    *p = v;
+}
+template <typename T>
+inline void __stcs(T* p, T v) {
+    *p = v;
+}
+
+inline float __uint_as_float(unsigned b) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+}
+inline float __int_as_float(int b) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+}
+inline unsigned __float_as_uint(float f) {
+    unsigned b;
+    std::memcpy(&b, &f, 4);
+    return b;
+}
+inline int __float_as_int(float f) {
+    int b;
+    std::memcpy(&b, &f, 4);
+    return b;
+}
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+
+using std::isfinite;  // fabsf, fmaxf, fminf, rintf, roundf: <cmath>'s global C functions
+
+// CUDA's integer min and max, for the mixed types the kernels pass
+template <typename A, typename B>
+inline std::common_type_t<A, B> min(A a, B b) {
+    return a < b ? a : b;
+}
+template <typename A, typename B>
+inline std::common_type_t<A, B> max(A a, B b) {
+    return a < b ? b : a;
+}

@@ -1,0 +1,173 @@
+"""The cuda backend's attention kernels (attention.cu), run on the CPU through the emulator in
+``tests/cuda_emulator``, bit for bit against the oracle (``ops.attention``) and its activation
+quantization: every launch path the lowering takes (flash decoding in one launch and through
+scratch, prefill a block per head, a block per KV head's query heads), with windows, chunk
+boundaries, heads of 64 and 256, and rows past each token's position holding NaN and inf.
+
+The GPU runs the same sources (tests/test_cuda_backend.py, conformance); this catches a
+kernel's logic and barrier errors on machines without one."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+from cuda_emulator import EmulatorError, compile_kernels, compiler
+
+from parity.backends.cpu import ops
+from parity.backends.cuda.kernel_args import AttnArg
+from parity.quant.activation import quantize_activations
+
+pytestmark = pytest.mark.skipif(compiler() is None, reason="no C++ compiler for the emulator")
+
+F32 = np.float32
+CHUNK = 256
+
+KERNELS = [
+    "attention_rows<64>",
+    "attention_rows<256>",
+    "attention_rows_gqa<64, 2>",
+    "attention_rows_gqa<64, 3>",
+    "attention_rows_gqa<64, 7>",
+    "attention_rows_gqa<256, 4>",
+    "attention_chunks<64>",
+    "attention_sums<64>",
+    "attention_chunks<256>",
+    "attention_sums<256>",
+]
+
+
+@pytest.fixture(scope="module")
+def lib():
+    return compile_kernels("attention.cu", KERNELS)
+
+
+def ptr(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data
+
+
+def run(lib, kind, q, k, v, pos, *, nh, nkv, d, scale, window=0, one_launch=2, quantize=False):
+    """The lowering's launches for ``kind`` (rows, gqa, chunks), on host arrays: out and, with
+    ``quantize``, its Q8 activations (q, d, s)."""
+    t, n_ctx = q.shape[0], k.shape[0]
+    out = np.full_like(q, np.nan)
+    a = AttnArg()
+    a.q, a.k, a.v, a.positions, a.out = ptr(q), ptr(k), ptr(v), ptr(pos), ptr(out)
+    a.n_head, a.n_head_kv, a.n_ctx, a.scale, a.window = nh, nkv, n_ctx, scale, window
+    keep = [out]
+    if quantize:
+        oq = np.zeros(out.shape, np.int8)
+        od = np.zeros((t, out.shape[1] // 32), F32)
+        os_ = np.zeros_like(od)
+        a.oq, a.od, a.os = ptr(oq), ptr(od), ptr(os_)
+        keep += [oq, od, os_]
+    if kind == "chunks":
+        chunks = -(-n_ctx // CHUNK)
+        th = t * nh
+        part = np.full(th * chunks * (d + 1), np.nan, F32)
+        tickets = np.zeros(th, np.int32)
+        scores = np.full(th * chunks * CHUNK, np.nan, F32)
+        pmax = np.full(th * chunks, np.nan, F32)
+        a.part, a.tickets, a.scores, a.pmax = ptr(part), ptr(tickets), ptr(scores), ptr(pmax)
+        a.chunks_one_launch = one_launch
+        lib.launch(f"attention_chunks<{d}>", (nh, t, chunks), (CHUNK,), a)
+        lib.launch(f"attention_sums<{d}>", (nh, t, chunks), (CHUNK,), a)
+        assert not tickets.any(), "the tickets are zero again between launches"
+    elif kind == "gqa":
+        lib.launch(f"attention_rows_gqa<{d}, {nh // nkv}>", (nkv, t), (CHUNK,), a)
+    else:
+        lib.launch(f"attention_rows<{d}>", (nh, t), (CHUNK,), a)
+    return keep
+
+
+def inputs(seed, t, n_ctx, nh, nkv, d, pos, q_scale=1.0):
+    rng = np.random.default_rng(seed)
+    q = (rng.standard_normal((t, nh * d)) * q_scale).astype(F32)
+    k = rng.standard_normal((n_ctx, nkv * d)).astype(F32)
+    v = rng.standard_normal((n_ctx, nkv * d)).astype(F32)
+    top = int(pos.max())
+    k[top + 1 :], v[top + 1 :] = np.nan, np.inf  # rows no token may read
+    v[3] = -0.0
+    if top >= 300:
+        k[300, :d] = 1e30  # one huge score: the rest of its head's weights underflow
+    return q, k, v
+
+
+def check(lib, kind, *, seed, nh, nkv, d, pos, n_ctx, window=0, one_launch=2, q_scale=1.0):
+    pos = np.asarray(pos, np.int32)
+    q, k, v = inputs(seed, len(pos), n_ctx, nh, nkv, d, pos, q_scale)
+    scale = float(F32(1 / np.sqrt(d)))
+    want = ops.attention(q, k, v, pos, n_head=nh, n_head_kv=nkv, head_dim=d, scale=scale,
+                         window=window)  # fmt: skip
+    out, oq, od, os_ = run(lib, kind, q, k, v, pos, nh=nh, nkv=nkv, d=d, scale=scale,
+                           window=window, one_launch=one_launch, quantize=True)  # fmt: skip
+    assert out.tobytes() == want.tobytes(), np.argwhere(out.view(np.int32) != want.view(np.int32))
+    wq = quantize_activations(want)
+    assert oq.tobytes() == wq.q.tobytes()
+    assert od.tobytes() == wq.d.astype(F32).tobytes()
+    assert os_.tobytes() == wq.s.astype(F32).tobytes()
+
+
+PREFILL_POSITIONS = [0, 1, 255, 256, 257, 300, 511, 512, 700]
+
+
+@pytest.mark.parametrize("kind", ["rows", "gqa"])
+@pytest.mark.parametrize("window", [0, 200])
+def test_prefill_heads_of_64(lib, kind, window) -> None:
+    nh, nkv = (6, 2) if kind == "gqa" else (3, 1)
+    check(lib, kind, seed=1, nh=nh, nkv=nkv, d=64, pos=PREFILL_POSITIONS, n_ctx=720,
+          window=window, q_scale=4.0)  # fmt: skip
+
+
+def test_prefill_qwen_heads(lib) -> None:
+    """Seven query heads a KV head (Qwen2.5's 14 / 2)."""
+    check(lib, "gqa", seed=2, nh=14, nkv=2, d=64, pos=[5, 256, 600], n_ctx=640)
+
+
+@pytest.mark.parametrize("kind", ["rows", "gqa"])
+def test_prefill_heads_of_256_with_a_window(lib, kind) -> None:
+    """Gemma 3's heads: 4 query heads, one KV head of 256, a sliding window of 512."""
+    check(lib, kind, seed=3, nh=4, nkv=1, d=256, pos=[0, 255, 511, 512, 900], n_ctx=960,
+          window=512)  # fmt: skip
+
+
+@pytest.mark.parametrize("one_launch", [2, 0])
+@pytest.mark.parametrize("window", [0, 300])
+def test_flash_decoding_heads_of_64(lib, one_launch, window) -> None:
+    """Up to ``one_launch`` visible chunks the max is found by every block; past it (and
+    always with 0) the scores go through scratch and attention_sums folds."""
+    check(lib, "chunks", seed=4, nh=3, nkv=1, d=64, pos=[0, 255, 256, 700, 1030], n_ctx=1100,
+          window=window, one_launch=one_launch, q_scale=4.0)  # fmt: skip
+
+
+def test_flash_decoding_heads_of_256(lib) -> None:
+    check(lib, "chunks", seed=5, nh=2, nkv=1, d=256, pos=[3, 600], n_ctx=768, one_launch=0)
+
+
+def test_all_zero_values_keep_their_sign(lib) -> None:
+    """v = -0.0 everywhere: p = 255 gives -0.0, p = 0 and p = 256 give +0.0 (numerics.md)."""
+    pos = np.array([0, 255, 256], np.int32)
+    q, k, _ = inputs(6, 3, 300, 2, 1, 64, pos)
+    v = np.full_like(k, -0.0)
+    scale = float(F32(0.125))
+    want = ops.attention(q, k, v, pos, n_head=2, n_head_kv=1, head_dim=64, scale=scale)
+    for kind in ("rows", "gqa", "chunks"):
+        (out,) = run(lib, kind, q, k, v, pos, nh=2, nkv=1, d=64, scale=scale)
+        assert out.tobytes() == want.tobytes(), kind
+    assert np.signbit(want[1]).all() and not np.signbit(want[[0, 2]]).any()
+
+
+def test_a_divergent_barrier_is_reported(lib, tmp_path) -> None:
+    """The emulator names a barrier that some threads never reach instead of hanging."""
+    src = tmp_path / "bad.cu"
+    src.write_text("struct A { int n; };\n__global__ void bad(A a) {\n"
+                   "    if (threadIdx.x < a.n) __syncthreads();\n}\n")  # fmt: skip
+    bad = compile_kernels(str(src), ["bad"], cache=tmp_path)
+
+    class A(ctypes.Structure):
+        _fields_ = [("n", ctypes.c_int)]
+
+    bad.launch("bad", (1,), (64,), A(64))  # every thread reaches it
+    with pytest.raises(EmulatorError, match="never reach"):
+        bad.launch("bad", (2,), (64,), A(10))
