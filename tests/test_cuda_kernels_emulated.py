@@ -71,13 +71,13 @@ def run(lib, kind, q, k, v, pos, *, nh, nkv, d, scale, window=0, one_launch=2, q
         pmax = np.full(th * chunks, np.nan, F32)
         a.part, a.tickets, a.scores, a.pmax = ptr(part), ptr(tickets), ptr(scores), ptr(pmax)
         a.chunks_one_launch = one_launch
-        lib.launch(f"attention_chunks<{d}>", (nh, t, chunks), (CHUNK,), a)
-        lib.launch(f"attention_sums<{d}>", (nh, t, chunks), (CHUNK,), a)
+        lib.launch(f"attention_chunks<{d}>", (nh, t, chunks), (CHUNK,), [a])
+        lib.launch(f"attention_sums<{d}>", (nh, t, chunks), (CHUNK,), [a])
         assert not tickets.any(), "the tickets are zero again between launches"
     elif kind == "gqa":
-        lib.launch(f"attention_rows_gqa<{d}, {nh // nkv}>", (nkv, t), (CHUNK,), a)
+        lib.launch(f"attention_rows_gqa<{d}, {nh // nkv}>", (nkv, t), (CHUNK,), [a])
     else:
-        lib.launch(f"attention_rows<{d}>", (nh, t), (CHUNK,), a)
+        lib.launch(f"attention_rows<{d}>", (nh, t), (CHUNK,), [a])
     return keep
 
 
@@ -168,6 +168,6 @@ def test_a_divergent_barrier_is_reported(lib, tmp_path) -> None:
     class A(ctypes.Structure):
         _fields_ = [("n", ctypes.c_int)]
 
-    bad.launch("bad", (1,), (64,), A(64))  # every thread reaches it
+    bad.launch("bad", (1,), (64,), [A(64)])  # every thread reaches it
     with pytest.raises(EmulatorError, match="never reach"):
-        bad.launch("bad", (2,), (64,), A(10))
+        bad.launch("bad", (2,), (64,), [A(10)])

@@ -6,9 +6,10 @@ without a GPU, against the cpu oracle. It says nothing about speed, and nothing 
 only the device does (PTX assembly, memory ordering between concurrent blocks).
 
     lib = compile_kernels("attention.cu", ["attention_rows<64>"])
-    lib.launch("attention_rows<64>", grid=(n_head, t), block=(256,), arg=AttnArg(...))
+    lib.launch("attention_rows<64>", grid=(n_head, t), block=(256,), args=[AttnArg(...)])
 
-Pointers in the argument structs are host addresses (numpy arrays' ``ctypes.data``).
+Pointers in the arguments are host addresses (numpy arrays' ``ctypes.data``, CPU tensors'
+``data_ptr()``).
 """
 
 from __future__ import annotations
@@ -64,14 +65,20 @@ class Library:
         name: str,
         grid: tuple[int, ...],
         block: tuple[int, ...],
-        arg: ctypes.Structure,
+        args: list[ctypes._SimpleCData | ctypes.Structure],
         dynamic_smem: int = 0,
     ) -> None:
+        """Run kernel ``name`` over ``grid`` with ``args`` (ctypes values, in order)."""
+        params = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.addressof(a) for a in args])
+        self.launch_params(name, grid, block, params, dynamic_smem)
+
+    def launch_params(self, name: str, grid, block, params, dynamic_smem: int = 0) -> None:
+        """``launch`` with the arguments as CUDA's ``void** params`` (``Launch.params``)."""
         if name not in self._index:
             raise EmulatorError(f"{name} was not compiled into this library: {list(self._index)}")
         g = (*grid, 1, 1)[:3]
         b = (*block, 1, 1)[:3]
-        rc = self._lib.emu_launch(self._index[name], *g, *b, ctypes.addressof(arg), dynamic_smem)
+        rc = self._lib.emu_launch(self._index[name], *g, *b, params, dynamic_smem)
         if rc != 0:
             raise EmulatorError(f"{name}: {self._lib.emu_error().decode()}")
 
@@ -85,12 +92,12 @@ def _source(files: list[str], names: list[str]) -> str:
     lines.append('extern "C" const char* emu_error() { return emu::state().error; }')
     lines.append(
         'extern "C" int emu_launch(int k, unsigned gx, unsigned gy, unsigned gz, unsigned bx,'
-        " unsigned by, unsigned bz, const void* arg, size_t dyn) {"
+        " unsigned by, unsigned bz, void* const* params, size_t dyn) {"
     )
     lines.append("    const dim3 g{gx, gy, gz}, b{bx, by, bz};")
     lines.append("    switch (k) {")
     for i, name in enumerate(names):
-        lines.append(f"    case {i}: return emu::launch(&{name}, arg, g, b, dyn);")
+        lines.append(f"    case {i}: return emu::launch(&{name}, params, g, b, dyn);")
     lines.append("    }")
     lines.append("    return -2;")
     lines.append("}")

@@ -14,6 +14,8 @@
 // (-ffp-contract=off): the same correctly rounded operations as the device's --fmad=false.
 #pragma once
 
+#define PARITY_EMULATOR 1
+
 #include <ucontext.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #define __global__
@@ -78,6 +81,7 @@ struct Warp {
     int size = 0, arrived = 0;
     unsigned long long gen = 0;
     unsigned long long slot[32];
+    int words[32][8];  // a matrix fragment's registers, by lane (mma)
 };
 
 struct State {
@@ -88,6 +92,7 @@ struct State {
     std::vector<Warp> warps;
     std::vector<std::vector<char>> stacks;
     std::vector<unsigned char> dynamic_smem;
+    size_t dynamic_smem_size = 0;
     ucontext_t sched;
     Fiber* cur = nullptr;
     void (*body)(const void*) = nullptr;
@@ -189,6 +194,7 @@ inline int run_grid(void (*body)(const void*), const void* arg, dim3 grid, dim3 
     if ((long)s.stacks.size() < n) s.stacks.resize(n);
     for (long i = 0; i < n; ++i) s.stacks[i].resize(STACK_BYTES);
     s.dynamic_smem.assign(dynamic_smem + 16, 0xff);  // NaN-ish garbage, as on the device
+    s.dynamic_smem_size = dynamic_smem;
     for (unsigned bz = 0; bz < grid.z; ++bz)
         for (unsigned by = 0; by < grid.y; ++by)
             for (unsigned bx = 0; bx < grid.x; ++bx) {
@@ -234,20 +240,74 @@ inline int run_grid(void (*body)(const void*), const void* arg, dim3 grid, dim3 
     return 0;
 }
 
-// the kernel's one by-value argument struct, from its bytes
-template <typename A>
+// a kernel called with its arguments from CUDA's ``void** params`` (one pointer an argument)
+template <typename... A>
 struct Kernel {
-    static inline void (*fn)(A) = nullptr;
-    static void body(const void* arg) { fn(*static_cast<const A*>(arg)); }
+    static inline void (*fn)(A...) = nullptr;
+    template <size_t... I>
+    static void call(void* const* p, std::index_sequence<I...>) {
+        fn(*static_cast<const std::remove_reference_t<A>*>(p[I])...);
+    }
+    static void body(const void* params) {
+        call(static_cast<void* const*>(params), std::index_sequence_for<A...>{});
+    }
 };
 
-template <typename A>
-inline int launch(void (*fn)(A), const void* arg, dim3 grid, dim3 block, size_t dynamic_smem) {
-    Kernel<A>::fn = fn;
-    return run_grid(&Kernel<A>::body, arg, grid, block, dynamic_smem);
+template <typename... A>
+inline int launch(void (*fn)(A...), void* const* params, dim3 grid, dim3 block,
+                  size_t dynamic_smem) {
+    Kernel<A...>::fn = fn;
+    return run_grid(&Kernel<A...>::body, params, grid, block, dynamic_smem);
 }
 
 inline void* dynamic_smem() { return state().dynamic_smem.data(); }
+inline unsigned dynamic_smem_size() { return (unsigned)state().dynamic_smem_size; }
+
+// every lane's n registers v[0 .. n), by lane
+inline void gather(const int* v, int n, int (&out)[32][8]) {
+    State& s = state();
+    Warp& w = s.warps[s.cur->warp];
+    sync_warp();  // the previous gather's readers are done
+    for (int i = 0; i < n; ++i) w.words[s.cur->lane][i] = v[i];
+    sync_warp();
+    std::memcpy(out, w.words, sizeof out);
+}
+
+inline int s8(const int (&regs)[32][8], int lane, int reg, int byte) {
+    return (signed char)((unsigned)regs[lane][reg] >> (8 * byte));
+}
+
+// mma.sync.aligned.m16n8k{32,16}.row.col.s32.s8.s8.s32 with a zero accumulator: the PTX ISA's
+// fragments (lane = 4 group + t): A row r, column k at lane 4 (r % 8) + (k % 16) / 4, register
+// (r >= 8) + 2 (k >= 16), byte k % 4; B row k, column n at lane 4 n + (k % 16) / 4, register
+// (k >= 16), byte k % 4; D row g + 8 (i >= 2), column 2 t + i % 2 in register i.
+template <int K>
+inline void mma_s8(int (&c)[4], const int* a, const int* b) {
+    int A[32][8], B[32][8];
+    gather(a, K / 8, A);
+    gather(b, K / 16, B);
+    const int lane = state().cur->lane, g = lane / 4, t = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+        const int r = g + 8 * (i >= 2), n = 2 * t + i % 2;
+        int acc = 0;
+        for (int k = 0; k < K; ++k) {
+            const int kk = k % 16, hi = k >= 16;
+            acc += s8(A, 4 * (r % 8) + kk / 4, (r >= 8) + 2 * hi, k % 4) *
+                   s8(B, 4 * n + kk / 4, hi, k % 4);
+        }
+        c[i] = acc;
+    }
+}
+
+inline void mma_s8_k32(int (&c)[4], int a0, int a1, int a2, int a3, int b0, int b1) {
+    const int a[4] = {a0, a1, a2, a3}, b[2] = {b0, b1};
+    mma_s8<32>(c, a, b);
+}
+
+inline void mma_s8_k16(int (&c)[4], int a0, int a1, int b0) {
+    const int a[2] = {a0, a1}, b[1] = {b0};
+    mma_s8<16>(c, a, b);
+}
 
 }  // namespace emu
 
@@ -371,6 +431,16 @@ inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }  // correctly rounded, as IEEE asks
+inline unsigned __vsub4(unsigned a, unsigned b) {  // four byte differences, each modulo 256
+    unsigned r = 0;
+    for (int i = 0; i < 32; i += 8) r |= ((((a >> i) & 0xffu) - ((b >> i) & 0xffu)) & 0xffu) << i;
+    return r;
+}
+inline int __dp4a(int a, int b, int c) {  // four signed byte products, added to c
+    for (int i = 0; i < 4; ++i) c += (signed char)(a >> (8 * i)) * (signed char)(b >> (8 * i));
+    return c;
+}
 
 using std::isfinite;  // fabsf, fmaxf, fminf, rintf, roundf: <cmath>'s global C functions
 

@@ -628,21 +628,30 @@ struct MmaShared {
     float2 xds[G::BT][G::DS];  // (d, s) of each activation block
 };
 
+// (PARITY_EMULATOR: the CPU emulator of the tests, tests/cuda_emulator, has its own)
 __device__ __forceinline__ void mma_s8_k32(int (&c)[4], int a0, int a1, int a2, int a3, int b0,
                                            int b1) {
+#ifdef PARITY_EMULATOR
+    emu::mma_s8_k32(c, a0, a1, a2, a3, b0, b1);
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%10,%10,%10,%10};"
         : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+#endif
 }
 
 __device__ __forceinline__ void mma_s8_k16(int (&c)[4], int a0, int a1, int b0) {
+#ifdef PARITY_EMULATOR
+    emu::mma_s8_k16(c, a0, a1, b0);
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
         "{%7,%7,%7,%7};"
         : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
         : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+#endif
 }
 
 __device__ __forceinline__ int word(const int4& v, int k) {
@@ -729,7 +738,11 @@ gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const flo
     float* tree = reinterpret_cast<float*>(&sh + 1) - G::LOG * LEVEL + tid;
     if (tid == 0) {  // the launch must give the counters' shared memory (lowering.py sizes it)
         u32 dynamic;
+#ifdef PARITY_EMULATOR
+        dynamic = emu::dynamic_smem_size();
+#else
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic));
+#endif
         if (dynamic < sizeof(MmaShared<QT, EPI>) + (31 - __clz(W) - G::LOG + 1) * LEVEL * 4)
             __trap();
     }
