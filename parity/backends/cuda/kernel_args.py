@@ -88,15 +88,16 @@ class RopeSegsArg(ctypes.Structure):
 
 
 class NormJobArg(ctypes.Structure):
-    """``struct NormJob`` of rows.cu: one norm of an rms_norm_f32 launch (null: not done)."""
+    """``struct NormJob`` of rows.cu: a norm of an rms_norm_f32 launch, with the ADD and the
+    norm of the sum that may follow it (null: not done)."""
 
     _fields_ = [
-        (name, ctypes.c_void_p) for name in ("y", "q", "qd", "qs", "sum", "x", "w", "res")
-    ] + [("rows", ctypes.c_int)]
+        (name, ctypes.c_void_p)
+        for name in ("y", "q", "qd", "qs", "sum", "x", "w", "res", "y2", "q2", "qd2", "qs2", "w2")
+    ] + [("eps", ctypes.c_float), ("eps2", ctypes.c_float), ("rows", ctypes.c_int)]
 
 
 class NormRowsArg(ctypes.Structure):
-    """``struct NormRows`` of rows.cu: up to two norms of one width and eps in one launch."""
+    """``struct NormRows`` of rows.cu: up to two norm jobs of one width in one launch."""
 
-    _fields_ = [("a", NormJobArg), ("b", NormJobArg), ("width", ctypes.c_int),
-                ("eps", ctypes.c_float)]  # fmt: skip
+    _fields_ = [("a", NormJobArg), ("b", NormJobArg), ("width", ctypes.c_int)]

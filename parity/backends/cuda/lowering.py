@@ -10,7 +10,8 @@ Launch-level fusions (same operations, same bits as the nodes one by one):
   and k's ROPEs, their KV_WRITEs and v's KV_WRITE at the same positions are one launch;
 - ATTENTION then QUANTIZE of it: the attention kernel also writes the Q8A value;
 - a norm read only by an ADD (Gemma 3's norms after attention and FFN): the norm kernel also
-  writes the sum; two norms of one width and eps (Gemma 3's q and k head norms): one launch;
+  writes the sum, and the norm of that sum after it (with its QUANTIZE) is the same launch's;
+  two norms of one width and eps (Gemma 3's q and k head norms): one launch;
 - SWIGLU or GEGLU then QUANTIZE of it: the GLU kernel also writes the Q8A value.
 
 Every node's value is still written to its own buffer (the runtime may read any of them back),
@@ -307,30 +308,59 @@ class Lowering:
 
     def _launch_norm(self, jobs: list[tuple[int, int | None, int | None]]) -> None:
         """One rms_norm_f32 launch of one or two norms (node, weight, QUANTIZE or None) of one
-        width and eps; a norm read only by an ADD also writes its sum. No job reads what
-        another block of the launch writes: ``written``."""
-        first = self.graph.nodes[jobs[0][0]]
+        width; a norm read only by an ADD also writes its sum, and the norm of the sum that
+        follows (with its QUANTIZE) is computed by the same blocks. No job reads what another
+        block of the launch writes: ``written``."""
+        nodes = self.graph.nodes
         a = NormRowsArg()
-        a.width, a.eps = first.shape[1], float(first.arg)
+        a.width = nodes[jobs[0][0]].shape[1]
+        quantized = False
         written = {i for i, _, _ in jobs}
         for slot, (i, w, qn) in zip("ab", jobs, strict=False):
-            node = self.graph.nodes[i]
+            node = nodes[i]
             job = getattr(a, slot)
             job.y, job.x = self._ptr(i).value, self._ptr(node.src[0]).value
             job.w = None if w is None else self._ptr(w).value
-            job.rows = node.shape[0]
+            job.eps, job.rows = float(node.arg), node.shape[0]
             if qn is not None:
                 job.q, job.qd, job.qs = (p.data_ptr() for p in self._q8_parts(qn))
                 self.done.add(qn)
+                quantized = True
             add = self._norm_add(i, written) if qn is None else None
-            if add is not None:
-                res = next(s for s in self.graph.nodes[add].src if s != i)
-                job.sum, job.res = self._ptr(add).value, self._ptr(res).value
-                self.done.add(add)
-                written.add(add)
-        quantized = any(qn is not None for _, _, qn in jobs)
+            if add is None:
+                continue
+            res = next(s for s in nodes[add].src if s != i)
+            job.sum, job.res = self._ptr(add).value, self._ptr(res).value
+            self.done.add(add)
+            written.add(add)
+            then = self._norm_of(add)
+            if then is not None:
+                job.y2, job.eps2 = self._ptr(then).value, float(nodes[then].arg)
+                w2 = self._norm_weight(then)
+                job.w2 = None if w2 is None else self._ptr(w2).value
+                q2 = self._fused_reader(
+                    [u for u in self.readers.get(then, []) if u in self.inside], Op.QUANTIZE
+                )
+                if q2 is not None:
+                    job.q2, job.qd2, job.qs2 = (p.data_ptr() for p in self._q8_parts(q2))
+                    self.done.add(q2)
+                    quantized = True
+                self.done.add(then)
+                written.add(then)
         self._launch("rows.cu", "rms_norm_f32", (a.a.rows + a.b.rows, 1, 1),
                      (NORM_THREADS, 1, 1), [a], a.width * 4 if quantized else 0)  # fmt: skip
+
+    def _norm_of(self, i: int) -> int | None:
+        """A norm of the split still to launch whose x is ``i`` (a sum the norm kernel writes),
+        of its width: the same blocks compute it."""
+        for u in self.readers.get(i, []):
+            node = self.graph.nodes[u]
+            if (u in self.inside and u not in self.done
+                    and node.op in (Op.RMS_NORM, Op.RMS_NORM_MUL) and node.src[0] == i
+                    and node.shape == self.graph.nodes[i].shape
+                    and all(self._ready(s) for s in node.src[1:])):  # fmt: skip
+                return u
+        return None
 
     def _norm_weight(self, i: int) -> int | None:
         node = self.graph.nodes[i]

@@ -107,9 +107,11 @@ __device__ float block_tree(float v, int P, float* smem) {
 // slots of the squares' TREE (R = max(1, W / blockDim.x)), so the block's tree is the
 // contract's. y = x * scale (* w when w is given); the row is also quantized when q is given
 // (the Q8A a matrix product reads: RMS_NORM + MUL + QUANTIZE in one launch), and added to a
-// residual when sum is given (sum = fl(res + y): Gemma 3's norms after attention and FFN and
-// the ADD after each). Up to two norms of one width and eps in one launch: job b takes the
-// rows after job a's (Gemma 3's q and k head norms).
+// residual when sum is given (sum = fl(res + y)). Gemma 3 norms the sum again at once (the
+// norm after attention, the ADD, the norm before the FFN; the norm after the FFN, the ADD, the
+// next layer's first norm): y2 given, the same block norms the sum's row with w2 and eps2,
+// quantized into q2. Up to two jobs of one width in one launch: job b takes the rows after job
+// a's (Gemma 3's q and k head norms).
 #define NORM_THREADS 1024  // a warp per Q8 block of rows up to 32768 wide: one quantize round
 #define NORM_MAXL 9  // runs of up to 256 slots per thread: widths up to 262144
 
@@ -122,32 +124,24 @@ struct NormJob {
     const float* x;
     const float* w;  // null: RMS_NORM
     const float* res;
+    float* y2;  // null: the sum not normed
+    i8* q2;
+    float* qd2;
+    float* qs2;
+    const float* w2;
+    float eps;
+    float eps2;
     int rows;
 };
 struct NormRows {
-    NormJob a, b;  // b.rows = 0: one norm
+    NormJob a, b;  // b.rows = 0: one job
     int width;
-    float eps;
 };
 
-__global__ void __launch_bounds__(NORM_THREADS) rms_norm_f32(NormRows args) {
-    pdl_begin();
-    extern __shared__ float srow[];  // width floats, when quantizing
-    __shared__ float tmp[33];
-    // this block's job (fields selected, not indexed: an index would copy the args to memory)
-    const bool second = (int)blockIdx.x >= args.a.rows;
-    const NormJob& ja = args.a;
-    const NormJob& jb = args.b;
-    float* y = second ? jb.y : ja.y;
-    i8* q = second ? jb.q : ja.q;
-    float* qd = second ? jb.qd : ja.qd;
-    float* qs = second ? jb.qs : ja.qs;
-    float* sum = second ? jb.sum : ja.sum;
-    const float* x = second ? jb.x : ja.x;
-    const float* w = second ? jb.w : ja.w;
-    const float* res = second ? jb.res : ja.res;
-    const int width = args.width;
-    const i64 row = second ? blockIdx.x - args.a.rows : blockIdx.x;
+// row ``row`` of one norm, by the whole block (srow: width floats when quantizing; tmp: 33)
+__device__ void norm_row(float* y, i8* q, float* qd, float* qs, float* sum, const float* x,
+                         const float* w, const float* res, float eps, int width, i64 row,
+                         float* srow, float* tmp) {
     const float* xr = x + row * width;
     const int W = next_pow2(width);
     const int R = W > NORM_THREADS ? W / NORM_THREADS : 1;
@@ -173,7 +167,7 @@ __global__ void __launch_bounds__(NORM_THREADS) rms_norm_f32(NormRows args) {
     }
     float ss = block_tree(part, P, tmp);
     float mean = __fdiv_rn(ss, (float)width);
-    float r = __fsqrt_rn(__fadd_rn(mean, args.eps));
+    float r = __fsqrt_rn(__fadd_rn(mean, eps));
     float scale = __fdiv_rn(1.0f, r);
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
         float v = __fmul_rn(one ? x1 : xr[i], scale);
@@ -189,6 +183,27 @@ __global__ void __launch_bounds__(NORM_THREADS) rms_norm_f32(NormRows args) {
         quantize_block(srow[b * 32 + (threadIdx.x & 31)], q + row * width + b * 32,
                        qd + row * blocks + b, qs + row * blocks + b);
     }
+}
+
+__global__ void __launch_bounds__(NORM_THREADS) rms_norm_f32(NormRows args) {
+    pdl_begin();
+    extern __shared__ float srow[];  // width floats, when quantizing
+    __shared__ float tmp[33];
+    // this block's job (fields selected, not indexed: an index would copy the args to memory)
+    const bool second = (int)blockIdx.x >= args.a.rows;
+    const NormJob& ja = args.a;
+    const NormJob& jb = args.b;
+    const i64 row = second ? blockIdx.x - args.a.rows : blockIdx.x;
+    float* sum = second ? jb.sum : ja.sum;
+    norm_row(second ? jb.y : ja.y, second ? jb.q : ja.q, second ? jb.qd : ja.qd,
+             second ? jb.qs : ja.qs, sum, second ? jb.x : ja.x, second ? jb.w : ja.w,
+             second ? jb.res : ja.res, second ? jb.eps : ja.eps, args.width, row, srow, tmp);
+    float* y2 = second ? jb.y2 : ja.y2;
+    if (y2 == nullptr) return;
+    __syncthreads();  // the sum's row: written by the block's threads, read across them
+    norm_row(y2, second ? jb.q2 : ja.q2, second ? jb.qd2 : ja.qd2, second ? jb.qs2 : ja.qs2,
+             nullptr, sum, second ? jb.w2 : ja.w2, nullptr, second ? jb.eps2 : ja.eps2,
+             args.width, row, srow, tmp);
 }
 
 // ---- ROPE, KV_WRITE ----------------------------------------------------------------------------
