@@ -58,15 +58,18 @@ def test_conformance_case_is_bit_exact_in_the_emulator(case) -> None:
     assert result.verdict == "exact", result.explain()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
-def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(arch, monkeypatch):
-    """A 40-token prefill (the int8 tensor-core GEMM, prefill attention a block per KV head)
-    and two decode steps (GEMV, flash decoding): every node of every step bit-identical to the
-    cpu oracle's, and the greedy tokens the same."""
+@pytest.mark.parametrize("arch, tiles", [("llama", False), ("llama", True), ("qwen2", True),
+                                         ("gemma3", False)])  # fmt: skip
+def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(arch, tiles, monkeypatch):
+    """A 40-token prefill (the int8 tensor-core GEMM; prefill attention a block a KV head's
+    query heads, or with ``tiles`` a block a tile of tokens) and two decode steps (GEMV, flash
+    decoding): every node of every step bit-identical to the cpu oracle's, and the greedy
+    tokens the same."""
     from cuda_emulator.backend import EmulatedDriver
 
     from parity.arch.synthetic import synthetic_model, tiny_spec
     from parity.backends.cpu.backend import CpuBackend
+    from parity.backends.cuda import lowering
     from parity.conformance.compare_steps import compare_steps
     from parity.core.backend import Device
 
@@ -78,11 +81,13 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(arch, mon
         launch(self, made, stream)
 
     monkeypatch.setattr(EmulatedDriver, "launch", counted)
+    monkeypatch.setattr(lowering, "PREFILL_TILES", tiles)
     spec, weights = synthetic_model(tiny_spec(arch, n_ctx_train=1024), seed=5)
     prompt = [(7 * i) % 500 + 1 for i in range(40)]
     report = compare_steps(arch, spec, weights, prompt, 3, lambda: CpuBackend(Device("cpu")),
                            _backend)  # fmt: skip
     assert report.violation is None and report.first_divergent is None
     assert report.identical_share == 1.0 and report.tokens_agree == 3
-    for kernel in ("gemm_mma", "attention_rows_gqa", "gemv_q_multi", "attention_chunks"):
+    prefill = "attention_tiles" if tiles else "attention_rows_gqa"
+    for kernel in ("gemm_mma", prefill, "gemv_q_multi", "attention_chunks"):
         assert launched[kernel] > 0, launched

@@ -17,6 +17,7 @@ from cuda_emulator import EmulatorError, compile_kernels, compiler
 
 from parity.backends.cpu import ops
 from parity.backends.cuda.kernel_args import AttnArg
+from parity.backends.cuda.lowering import tile_tokens, tiles_shared
 from parity.quant.activation import quantize_activations
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="no C++ compiler for the emulator")
@@ -31,6 +32,7 @@ KERNELS = [
     "attention_rows_gqa<64, 3>",
     "attention_rows_gqa<64, 7>",
     "attention_rows_gqa<256, 4>",
+    "attention_tiles<64>",
     "attention_chunks<64>",
     "attention_sums<64>",
     "attention_chunks<256>",
@@ -47,9 +49,12 @@ def ptr(a: np.ndarray | None) -> int | None:
     return None if a is None else a.ctypes.data
 
 
-def run(lib, kind, q, k, v, pos, *, nh, nkv, d, scale, window=0, one_launch=2, quantize=False):
-    """The lowering's launches for ``kind`` (rows, gqa, chunks), on host arrays: out and, with
-    ``quantize``, its Q8 activations (q, d, s)."""
+def run(
+    lib, kind, q, k, v, pos, *, nh, nkv, d, scale, window=0, one_launch=2, quantize=False, tile=0
+):
+    """The lowering's launches for ``kind`` (rows, gqa, tiles, chunks), on host arrays: out and,
+    with ``quantize``, its Q8 activations (q, d, s). ``tile``: attention_tiles' tokens a block
+    (0: the lowering's choice)."""
     t, n_ctx = q.shape[0], k.shape[0]
     out = np.full_like(q, np.nan)
     a = AttnArg()
@@ -74,6 +79,11 @@ def run(lib, kind, q, k, v, pos, *, nh, nkv, d, scale, window=0, one_launch=2, q
         lib.launch(f"attention_chunks<{d}>", (nh, t, chunks), (CHUNK,), [a])
         lib.launch(f"attention_sums<{d}>", (nh, t, chunks), (CHUNK,), [a])
         assert not tickets.any(), "the tickets are zero again between launches"
+    elif kind == "tiles":
+        tq = tile or tile_tokens(t, nh // nkv, nkv)
+        a.n_tokens, a.tile_tokens = t, tq
+        lib.launch(f"attention_tiles<{d}>", (nkv, -(-t // tq)), (CHUNK,), [a],
+                   tiles_shared(nh // nkv * tq, d))  # fmt: skip
     elif kind == "gqa":
         lib.launch(f"attention_rows_gqa<{d}, {nh // nkv}>", (nkv, t), (CHUNK,), [a])
     else:
@@ -94,14 +104,15 @@ def inputs(seed, t, n_ctx, nh, nkv, d, pos, q_scale=1.0):
     return q, k, v
 
 
-def check(lib, kind, *, seed, nh, nkv, d, pos, n_ctx, window=0, one_launch=2, q_scale=1.0):
+def check(lib, kind, *, seed, nh, nkv, d, pos, n_ctx, window=0, one_launch=2, q_scale=1.0, tile=0):
     pos = np.asarray(pos, np.int32)
     q, k, v = inputs(seed, len(pos), n_ctx, nh, nkv, d, pos, q_scale)
     scale = float(F32(1 / np.sqrt(d)))
     want = ops.attention(q, k, v, pos, n_head=nh, n_head_kv=nkv, head_dim=d, scale=scale,
                          window=window)  # fmt: skip
     out, oq, od, os_ = run(lib, kind, q, k, v, pos, nh=nh, nkv=nkv, d=d, scale=scale,
-                           window=window, one_launch=one_launch, quantize=True)  # fmt: skip
+                           window=window, one_launch=one_launch, quantize=True,
+                           tile=tile)  # fmt: skip
     assert out.tobytes() == want.tobytes(), np.argwhere(out.view(np.int32) != want.view(np.int32))
     wq = quantize_activations(want)
     assert oq.tobytes() == wq.q.tobytes()
@@ -112,17 +123,29 @@ def check(lib, kind, *, seed, nh, nkv, d, pos, n_ctx, window=0, one_launch=2, q_
 PREFILL_POSITIONS = [0, 1, 255, 256, 257, 300, 511, 512, 700]
 
 
-@pytest.mark.parametrize("kind", ["rows", "gqa"])
+@pytest.mark.parametrize("kind", ["rows", "gqa", "tiles"])
 @pytest.mark.parametrize("window", [0, 200])
 def test_prefill_heads_of_64(lib, kind, window) -> None:
-    nh, nkv = (6, 2) if kind == "gqa" else (3, 1)
+    nh, nkv = (6, 2) if kind == "gqa" else (9, 3) if kind == "tiles" else (3, 1)
+    # (tiles: every token in one block)
     check(lib, kind, seed=1, nh=nh, nkv=nkv, d=64, pos=PREFILL_POSITIONS, n_ctx=720,
-          window=window, q_scale=4.0)  # fmt: skip
+          window=window, q_scale=4.0, tile=10)  # fmt: skip
 
 
-def test_prefill_qwen_heads(lib) -> None:
+@pytest.mark.parametrize("kind", ["gqa", "tiles"])
+def test_prefill_qwen_heads(lib, kind) -> None:
     """Seven query heads a KV head (Qwen2.5's 14 / 2)."""
-    check(lib, "gqa", seed=2, nh=14, nkv=2, d=64, pos=[5, 256, 600], n_ctx=640)
+    check(lib, kind, seed=2, nh=14, nkv=2, d=64, pos=[5, 256, 600], n_ctx=640, tile=4)
+
+
+@pytest.mark.parametrize("window", [0, 40])
+def test_prefill_tiles_of_consecutive_tokens(lib, window) -> None:
+    """A prompt's tokens, several tiles of them (the last one partial) across a chunk
+    boundary, one query head a KV head (32 tokens a tile) and three (10)."""
+    pos = list(range(230, 300))
+    check(lib, "tiles", seed=7, nh=2, nkv=2, d=64, pos=pos, n_ctx=320, window=window, tile=32)
+    check(lib, "tiles", seed=8, nh=3, nkv=1, d=64, pos=pos[:23], n_ctx=320, window=window,
+          tile=10)  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", ["rows", "gqa"])
@@ -152,8 +175,8 @@ def test_all_zero_values_keep_their_sign(lib) -> None:
     v = np.full_like(k, -0.0)
     scale = float(F32(0.125))
     want = ops.attention(q, k, v, pos, n_head=2, n_head_kv=1, head_dim=64, scale=scale)
-    for kind in ("rows", "gqa", "chunks"):
-        (out,) = run(lib, kind, q, k, v, pos, nh=2, nkv=1, d=64, scale=scale)
+    for kind in ("rows", "gqa", "chunks", "tiles"):
+        (out,) = run(lib, kind, q, k, v, pos, nh=2, nkv=1, d=64, scale=scale, tile=16)
         assert out.tobytes() == want.tobytes(), kind
     assert np.signbit(want[1]).all() and not np.signbit(want[[0, 2]]).any()
 

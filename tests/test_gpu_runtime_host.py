@@ -316,6 +316,35 @@ def test_lowering_covers_every_node_of_the_real_models(name, tokens, n_ctx):
     assert len(allowed) == len(names)
 
 
+@pytest.mark.parametrize(
+    "name, heads, tile", [("smollm2-135m", 3, 3), ("qwen2.5-coder-0.5b", 7, 2)]
+)
+def test_prefill_tiles_launch_a_block_a_kv_head_and_tile_of_tokens(name, heads, tile, monkeypatch):
+    """With PREFILL_TILES, a prefill's attention (heads of 64) is one attention_tiles launch a
+    layer: a block a KV head and ``tile`` tokens (as few as still give TILE_BLOCKS blocks), its
+    shared memory sized for the rows, two blocks an H200 SM."""
+    from parity.arch.params import GraphParams
+    from parity.backends.cuda import lowering
+    from parity.backends.cuda.lowering import TILE_BLOCKS, tile_tokens, tiles_shared
+
+    monkeypatch.setattr(lowering, "PREFILL_TILES", True)
+    params = GraphParams(n_tokens=300, n_ctx=2048, output="logits")
+    spec, _, _, lowered, _ = _lower(_twin_spec(name), params)
+    tiles = [launch for _, (launch, *_) in lowered.launches
+             if getattr(launch, "name", "") == "attention_tiles<64>"]  # fmt: skip
+    assert len(tiles) == spec.n_layer
+    assert tile_tokens(300, heads, spec.n_head_kv) == tile
+    assert spec.n_head_kv * -(-300 // tile) >= TILE_BLOCKS > spec.n_head_kv * -(-300 // (tile + 1))
+    for launch in tiles:
+        assert launch.grid == (spec.n_head_kv, -(-300 // tile), 1)
+        assert launch.shared == tiles_shared(heads * tile, 64)
+        (a,) = launch.args
+        assert (a.n_tokens, a.tile_tokens) == (300, tile)
+    assert 2 * (tiles_shared(32, 64) + 256) <= 228 << 10  # the most rows: still two an SM
+    assert tile_tokens(4096, 7, 2) == 4 and tile_tokens(4096, 1, 2) == 32  # rows, tokens cap
+    assert tile_tokens(20, 3, 3) == 1  # few tokens: a token a block
+
+
 def test_gemm_mma_shared_memory_and_its_limits():
     from parity.backends.cuda.lowering import gemm_mma_shared
     from parity.core.dtypes import DType

@@ -35,7 +35,15 @@ class AttnArg(ctypes.Structure):
         ]
         + [
             (name, ctypes.c_int)
-            for name in ("n_head", "n_head_kv", "n_ctx", "chunks_one_launch", "window")
+            for name in (
+                "n_head",
+                "n_head_kv",
+                "n_ctx",
+                "chunks_one_launch",
+                "window",
+                "n_tokens",
+                "tile_tokens",
+            )
         ]
         + [("scale", ctypes.c_float)]
     )

@@ -14,6 +14,9 @@
 //
 // attention_rows: one block per (token, head) walks every chunk twice (the max first, then the
 //   sums with that max), recomputing the scores bit for bit; no scratch. For prefill.
+// attention_rows_gqa: the same, one block for the query heads of a KV head.
+// attention_tiles: the same, one block for the query heads of a KV head and a tile of tokens,
+//   each chunk's K and V read once for all of them (heads of 64; see below).
 // attention_chunks (+ attention_sums): flash decoding, for few tokens. One block per (token,
 //   head, chunk). Where a token sees at most ``chunks_one_launch`` chunks (known only when the
 //   step runs: a captured step serves every position), each block finds the max over every
@@ -51,6 +54,8 @@ struct AttnArgs {
     int n_head, n_head_kv, n_ctx;
     int chunks_one_launch;  // flash decoding: attention_chunks alone up to this many chunks
     int window;  // 0: every position 0 .. p
+    int n_tokens;  // T (attention_tiles: its last tile may hold fewer)
+    int tile_tokens;  // attention_tiles: the tokens of a block
     float scale;
 };
 
@@ -603,6 +608,203 @@ __global__ void __launch_bounds__(CHUNK) attention_rows_gqa(AttnArgs a) {
         const int o = o0 + lane;
         const float v = __fdiv_rn(acc[o], den[o / D]);
         const int col = g * H * D + o;
+        a.out[(i64)t * out_width + col] = v;
+        if (a.oq != nullptr) {
+            const int nb = out_width / 32, b = col / 32;
+            quantize_block(v, a.oq + (i64)t * out_width + b * 32, a.od + (i64)t * nb + b,
+                           a.os + (i64)t * nb + b);
+        }
+    }
+}
+
+// ---- prefill: a block a KV head and a tile of tokens -----------------------------------------
+//
+// attention_tiles<D>: grid (n_head_kv, ceil(T / TQ)), TQ = ``tile_tokens``; the block takes the
+// H query heads of KV head g for TQ tokens, R = H TQ <= TILE_ROWS query rows (r = tq H + h), so
+// each chunk's K and V rows are read once for all of them, not once a token. Heads of 64:
+// thread j holds slot j's K row in registers and makes the rows' scores one after another, q
+// broadcast from shared memory; for the sums, thread (part, i) holds its run's 64 values at
+// dimension i and makes the rows' runs. Every score, weight, TREE and fold is the one
+// attention_rows makes, and so are the bits. The scores are made twice (the max pass, then the
+// sums), as in attention_rows. Dynamic shared memory: lowering.py's tiles_shared(R) bytes, at
+// most about 81 KiB; with 128 registers, two blocks an SM.
+#define TILE_ROWS 32  // R at most
+#define TILE_TOKENS 32  // TQ at most
+
+// thread tid's K row (slot ``row``, clamped to row ``last``: a valid row, dropped later)
+template <int D>
+__device__ __forceinline__ void load_row(float4 (&kr)[D / 4], const float* kbase, int width,
+                                         int row, int last) {
+    const float4* src = reinterpret_cast<const float4*>(kbase + (i64)min(row, last) * width);
+#pragma unroll
+    for (int d = 0; d < D / 4; ++d) kr[d] = src[d];
+}
+
+// fl(TREE_d(fl(q_d k_d)) * scale), q from shared memory, k in registers
+template <int D>
+__device__ __forceinline__ float row_score(const float4 (&kr)[D / 4], const float* q,
+                                           float scale) {
+    float st[10];
+#pragma unroll
+    for (int d = 0; d < D / 4; ++d) {
+        const float4 qv = *reinterpret_cast<const float4*>(q + 4 * d);
+        tree_push<10>(st, 4 * d, __fmul_rn(qv.x, kr[d].x));
+        tree_push<10>(st, 4 * d + 1, __fmul_rn(qv.y, kr[d].y));
+        tree_push<10>(st, 4 * d + 2, __fmul_rn(qv.z, kr[d].z));
+        tree_push<10>(st, 4 * d + 3, __fmul_rn(qv.w, kr[d].w));
+    }
+    return __fmul_rn(tree_finish<10>(st, D, D), scale);
+}
+
+// the TREE of a run: fl(e_j v_j) for its D slots from ``first``, +0.0 where the token does not
+// see the slot (CHECK false: it sees them all)
+template <int D, bool CHECK>
+__device__ __forceinline__ float tile_run(const float* e, const float (&vals)[D], int first,
+                                          int lo, int p) {
+    float st[10];
+#pragma unroll
+    for (int j = 0; j < D; j += 4) {
+        const float4 ev = *reinterpret_cast<const float4*>(e + j);
+        const float ej[4] = {ev.x, ev.y, ev.z, ev.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const bool in = !CHECK || seen(first + j + k, lo, p);
+            tree_push<10>(st, j + k, in ? __fmul_rn(ej[k], vals[j + k]) : 0.0f);
+        }
+    }
+    return tree_finish<10>(st, D, D);
+}
+
+template <int D>
+__global__ void __launch_bounds__(CHUNK, 2) attention_tiles(AttnArgs a) {
+    pdl_begin();
+    static_assert(D == 64, "heads of 64");
+    constexpr int PARTS = CHUNK / D;
+    const int H = a.n_head / a.n_head_kv, TQ = a.tile_tokens, R = H * TQ;
+    extern __shared__ __align__(16) float tiles[];
+    float* qs = tiles;  // [R][D] the q rows
+    float* w = qs + R * D;  // [R][CHUNK] running maxes, then a chunk's weights
+    float* runs = w + R * CHUNK;  // [R][CHUNK] a chunk's runs, (part, i) at part D + i
+    float* acc = runs + R * CHUNK;  // [R][D] the folded N_c
+    float* mx = acc + R * D;  // [R]
+    float* den = mx + R;  // [R]
+    __shared__ int ps[TILE_TOKENS], los[TILE_TOKENS];
+    const int g = blockIdx.x, t0 = blockIdx.y * TQ, tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31;
+    const int width = a.n_head_kv * D, out_width = a.n_head * D;
+    const float* kbase = a.k + g * D;
+    const float* vbase = a.v + g * D;
+    if (tid < TQ) {  // (tokens past the last: their rows copy the last token's, not stored)
+        const int t = min(t0 + tid, a.n_tokens - 1);
+        ps[tid] = a.positions[t];
+        los[tid] = window_lo(a, ps[tid]);
+    }
+    for (int o = tid; o < R * D; o += CHUNK) {  // q rows: token t0 + o / (H D), heads g H ..
+        const int t = min(t0 + o / (H * D), a.n_tokens - 1);
+        qs[o] = a.q[(i64)t * out_width + g * H * D + o % (H * D)];
+    }
+    for (int r = 0; r < R; ++r) w[r * CHUNK + tid] = -__int_as_float(0x7f800000);
+    __syncthreads();
+    int cmin = los[0] / CHUNK, cmax = 0, last = 0;
+    for (int tq = 0; tq < TQ; ++tq) {
+        cmin = min(cmin, los[tq] / CHUNK);
+        cmax = max(cmax, ps[tq] / CHUNK);
+        last = max(last, ps[tq]);
+    }
+    // pass 1: each thread's max of its slots' scores, by row (in w), then each row's
+    for (int c = cmin; c <= cmax; ++c) {
+        float4 kr[D / 4];
+        const int pos = c * CHUNK + tid;
+        load_row<D>(kr, kbase, width, pos, last);
+        for (int tq = 0; tq < TQ; ++tq) {
+            const bool in = seen(pos, los[tq], ps[tq]);
+            for (int h = 0; h < H; ++h) {
+                const int r = tq * H + h;
+                const float s = row_score<D>(kr, qs + r * D, a.scale);
+                if (in) w[r * CHUNK + tid] = max_nan(w[r * CHUNK + tid], s);
+            }
+        }
+    }
+    __syncthreads();
+    for (int r = warp; r < R; r += CHUNK / 32) {  // a warp a row: lane l's 8 slots, then 32 lanes
+        const float4 m0 = *reinterpret_cast<const float4*>(w + r * CHUNK + lane * 8);
+        const float4 m1 = *reinterpret_cast<const float4*>(w + r * CHUNK + lane * 8 + 4);
+        float v = max_nan(max_nan(max_nan(m0.x, m0.y), max_nan(m0.z, m0.w)),
+                          max_nan(max_nan(m1.x, m1.y), max_nan(m1.z, m1.w)));
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) v = max_nan(v, __shfl_xor_sync(FULL_MASK, v, off));
+        if (lane == 0) mx[r] = v;
+    }
+    __syncthreads();
+    // pass 2, chunk by chunk: the weights; D_c (a warp a row: lane l's 8 slots, then the warp
+    // tree, which is the 256-slot TREE); the runs of thread (part, i); N_c; each folded into
+    // the rows whose token sees the chunk
+    const int i = tid % D, part = tid / D;
+    for (int c = cmin; c <= cmax; ++c) {
+        {
+            float4 kr[D / 4];
+            const int pos = c * CHUNK + tid;
+            load_row<D>(kr, kbase, width, pos, last);
+            for (int tq = 0; tq < TQ; ++tq) {
+                const bool in = seen(pos, los[tq], ps[tq]);
+                for (int h = 0; h < H; ++h) {
+                    const int r = tq * H + h;
+                    const float s = row_score<D>(kr, qs + r * D, a.scale);
+                    w[r * CHUNK + tid] = in ? p_exp(__fsub_rn(s, mx[r])) : 0.0f;
+                }
+            }
+        }
+        __syncthreads();
+        for (int r = warp; r < R; r += CHUNK / 32) {
+            const float4 e0 = *reinterpret_cast<const float4*>(w + r * CHUNK + lane * 8);
+            const float4 e1 = *reinterpret_cast<const float4*>(w + r * CHUNK + lane * 8 + 4);
+            float v = __fadd_rn(__fadd_rn(__fadd_rn(e0.x, e0.y), __fadd_rn(e0.z, e0.w)),
+                                __fadd_rn(__fadd_rn(e1.x, e1.y), __fadd_rn(e1.z, e1.w)));
+            v = warp_tree(v, 32);
+            const int tq = r / H, c0 = los[tq] / CHUNK;
+            if (lane == 0 && c >= c0 && c <= ps[tq] / CHUNK)
+                den[r] = c == c0 ? v : __fadd_rn(den[r], v);
+        }
+        {
+            const int first = c * CHUNK + part * D;
+            float vals[D];
+#pragma unroll
+            for (int j = 0; j < D; ++j) vals[j] = vbase[(i64)min(first + j, last) * width + i];
+            for (int tq = 0; tq < TQ; ++tq) {
+                const int lo = los[tq], p = ps[tq];
+                float* out = runs + tq * H * CHUNK + tid;
+                const float* e = w + tq * H * CHUNK + part * D;
+                // (one part a warp: each branch is the warp's)
+                if (first >= lo && first + D - 1 <= p) {  // every slot seen: no checks
+                    for (int h = 0; h < H; ++h)
+                        out[h * CHUNK] = tile_run<D, false>(e + h * CHUNK, vals, first, lo, p);
+                } else if (first > p || first + D - 1 < lo) {  // none: +0.0 leaves, +0.0
+                    for (int h = 0; h < H; ++h) out[h * CHUNK] = 0.0f;
+                } else {
+                    for (int h = 0; h < H; ++h)
+                        out[h * CHUNK] = tile_run<D, true>(e + h * CHUNK, vals, first, lo, p);
+                }
+            }
+        }
+        __syncthreads();
+        for (int o = tid; o < R * D; o += CHUNK) {
+            const int r = o / D, tq = r / H, c0 = los[tq] / CHUNK;
+            if (c < c0 || c > ps[tq] / CHUNK) continue;
+            const float* x = runs + r * CHUNK + o % D;
+            float n;
+            if (PARTS == 1) n = x[0];
+            else if (PARTS == 2) n = __fadd_rn(x[0], x[D]);
+            else n = __fadd_rn(__fadd_rn(x[0], x[D]), __fadd_rn(x[2 * D], x[3 * D]));
+            acc[o] = c == c0 ? n : __fadd_rn(acc[o], n);
+        }
+        __syncthreads();  // before the next chunk's weights and runs overwrite these
+    }
+    // out[t, (g H + h) D + i] = num / den, and its Q8 blocks when wanted (whole warps)
+    for (int o0 = warp * 32; o0 < R * D; o0 += CHUNK) {
+        const int o = o0 + lane, r = o / D, t = t0 + r / H;
+        if (t >= a.n_tokens) break;  // (a warp's 32 outputs share a row: all break)
+        const float v = __fdiv_rn(acc[o], den[r]);
+        const int col = g * H * D + o % (H * D);
         a.out[(i64)t * out_width + col] = v;
         if (a.oq != nullptr) {
             const int nb = out_width / 32, b = col / 32;
