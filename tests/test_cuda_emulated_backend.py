@@ -58,13 +58,20 @@ def test_conformance_case_is_bit_exact_in_the_emulator(case) -> None:
     assert result.verdict == "exact", result.explain()
 
 
-@pytest.mark.parametrize("arch, tiles", [("llama", False), ("llama", True), ("qwen2", True),
-                                         ("gemma3", False)])  # fmt: skip
-def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(arch, tiles, monkeypatch):
+WIDE = {"head_dim": 256, "n_head": 4, "n_head_kv": 1}  # Gemma 3 270M's heads
+
+
+@pytest.mark.parametrize("arch, tiles, heads", [
+    ("llama", False, {}), ("llama", True, {}), ("qwen2", True, {}), ("gemma3", False, {}),
+    ("gemma3", True, WIDE),
+])  # fmt: skip
+def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
+    arch, tiles, heads, monkeypatch
+):
     """A 40-token prefill (the int8 tensor-core GEMM; prefill attention a block a KV head's
     query heads, or with ``tiles`` a block a tile of tokens) and two decode steps (GEMV, flash
     decoding): every node of every step bit-identical to the cpu oracle's, and the greedy
-    tokens the same."""
+    tokens the same. ``heads``: the spec's head shape, if not the tiny one's."""
     from cuda_emulator.backend import EmulatedDriver
 
     from parity.arch.synthetic import synthetic_model, tiny_spec
@@ -82,7 +89,7 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(arch, til
 
     monkeypatch.setattr(EmulatedDriver, "launch", counted)
     monkeypatch.setattr(lowering, "PREFILL_TILES", tiles)
-    spec, weights = synthetic_model(tiny_spec(arch, n_ctx_train=1024), seed=5)
+    spec, weights = synthetic_model(tiny_spec(arch, n_ctx_train=1024, **heads), seed=5)
     prompt = [(7 * i) % 500 + 1 for i in range(40)]
     report = compare_steps(arch, spec, weights, prompt, 3, lambda: CpuBackend(Device("cpu")),
                            _backend)  # fmt: skip

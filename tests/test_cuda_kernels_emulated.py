@@ -33,6 +33,8 @@ KERNELS = [
     "attention_rows_gqa<64, 7>",
     "attention_rows_gqa<256, 4>",
     "attention_tiles<64>",
+    "attention_tiles<128>",
+    "attention_tiles<256>",
     "attention_chunks<64>",
     "attention_sums<64>",
     "attention_chunks<256>",
@@ -80,7 +82,7 @@ def run(
         lib.launch(f"attention_sums<{d}>", (nh, t, chunks), (CHUNK,), [a])
         assert not tickets.any(), "the tickets are zero again between launches"
     elif kind == "tiles":
-        tq = tile or tile_tokens(t, nh // nkv, nkv)
+        tq = tile or tile_tokens(t, nh // nkv, nkv, d)
         a.n_tokens, a.tile_tokens = t, tq
         lib.launch(f"attention_tiles<{d}>", (nkv, -(-t // tq)), (CHUNK,), [a],
                    tiles_shared(nh // nkv * tq, d))  # fmt: skip
@@ -148,11 +150,20 @@ def test_prefill_tiles_of_consecutive_tokens(lib, window) -> None:
           tile=10)  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["rows", "gqa"])
+@pytest.mark.parametrize("kind", ["rows", "gqa", "tiles"])
 def test_prefill_heads_of_256_with_a_window(lib, kind) -> None:
-    """Gemma 3's heads: 4 query heads, one KV head of 256, a sliding window of 512."""
+    """Gemma 3's heads: 4 query heads, one KV head of 256, a sliding window of 512 (tiles:
+    every token in one block)."""
     check(lib, kind, seed=3, nh=4, nkv=1, d=256, pos=[0, 255, 511, 512, 900], n_ctx=960,
-          window=512)  # fmt: skip
+          window=512, tile=5)  # fmt: skip
+
+
+@pytest.mark.parametrize("d, window", [(128, 0), (256, 0), (256, 100)])
+def test_prefill_tiles_of_wide_heads(lib, d, window) -> None:
+    """Heads of 128 and 256: a score is its slabs' TREEs added above them, a run its batches'.
+    Several tiles across a chunk boundary, a partial last one, -0.0 values in a row."""
+    pos = list(range(240, 275))
+    check(lib, "tiles", seed=9, nh=4, nkv=2, d=d, pos=pos, n_ctx=320, window=window, tile=8)
 
 
 @pytest.mark.parametrize("one_launch", [2, 0])
@@ -178,6 +189,12 @@ def test_all_zero_values_keep_their_sign(lib) -> None:
     for kind in ("rows", "gqa", "chunks", "tiles"):
         (out,) = run(lib, kind, q, k, v, pos, nh=2, nkv=1, d=64, scale=scale, tile=16)
         assert out.tobytes() == want.tobytes(), kind
+    q, k, _ = inputs(6, 3, 300, 2, 1, 256, pos)  # heads of 256: the sign through the batches
+    v = np.full_like(k, -0.0)
+    want256 = ops.attention(q, k, v, pos, n_head=2, n_head_kv=1, head_dim=256, scale=scale)
+    (out,) = run(lib, "tiles", q, k, v, pos, nh=2, nkv=1, d=256, scale=scale, tile=3)
+    assert out.tobytes() == want256.tobytes()
+    assert np.signbit(want256[1]).all() and not np.signbit(want256[[0, 2]]).any()
     assert np.signbit(want[1]).all() and not np.signbit(want[[0, 2]]).any()
 
 

@@ -147,6 +147,7 @@ KERNELS = [
     ("attention.cu", "attention_sums<256>"),
     ("attention.cu", "attention_rows_gqa<64, 7>"),
     ("attention.cu", "attention_rows_gqa<256, 4>"),
+    *(("attention.cu", f"attention_tiles<{d}>") for d in (64, 128, 256)),
 ]
 
 
@@ -317,30 +318,41 @@ def test_lowering_covers_every_node_of_the_real_models(name, tokens, n_ctx):
 
 
 @pytest.mark.parametrize(
-    "name, heads, tile", [("smollm2-135m", 3, 3), ("qwen2.5-coder-0.5b", 7, 2)]
+    "name, heads, d, tile",
+    [("smollm2-135m", 3, 64, 3), ("qwen2.5-coder-0.5b", 7, 64, 2), ("gemma3", 4, 256, 1)],
 )
-def test_prefill_tiles_launch_a_block_a_kv_head_and_tile_of_tokens(name, heads, tile, monkeypatch):
-    """With PREFILL_TILES, a prefill's attention (heads of 64) is one attention_tiles launch a
-    layer: a block a KV head and ``tile`` tokens (as few as still give TILE_BLOCKS blocks), its
-    shared memory sized for the rows, two blocks an H200 SM."""
+def test_prefill_tiles_launch_a_block_a_kv_head_and_tile_of_tokens(
+    name, heads, d, tile, monkeypatch
+):
+    """With PREFILL_TILES, a prefill's attention is one attention_tiles launch a layer: a block
+    a KV head and ``tile`` tokens (as few as still give TILE_BLOCKS blocks), its shared memory
+    sized for the rows, two blocks an H200 SM."""
     from parity.arch.params import GraphParams
     from parity.backends.cuda import lowering
-    from parity.backends.cuda.lowering import TILE_BLOCKS, tile_tokens, tiles_shared
+    from parity.backends.cuda.lowering import TILE_BLOCKS, tile_rows, tile_tokens, tiles_shared
 
     monkeypatch.setattr(lowering, "PREFILL_TILES", True)
     params = GraphParams(n_tokens=300, n_ctx=2048, output="logits")
-    spec, _, _, lowered, _ = _lower(_twin_spec(name), params)
+    if name == "gemma3":  # Gemma 3 270M's heads: four of 256 on one KV head
+        from parity.arch.synthetic import synthetic_model, tiny_spec
+
+        model, _ = synthetic_model(tiny_spec(name, n_ctx_train=2048, head_dim=256, n_head=4,
+                                             n_head_kv=1), seed=1)  # fmt: skip
+    else:
+        model = _twin_spec(name)
+    spec, _, _, lowered, _ = _lower(model, params)
     tiles = [launch for _, (launch, *_) in lowered.launches
-             if getattr(launch, "name", "") == "attention_tiles<64>"]  # fmt: skip
+             if getattr(launch, "name", "") == f"attention_tiles<{d}>"]  # fmt: skip
     assert len(tiles) == spec.n_layer
-    assert tile_tokens(300, heads, spec.n_head_kv) == tile
+    assert tile_tokens(300, heads, spec.n_head_kv, d) == tile
     assert spec.n_head_kv * -(-300 // tile) >= TILE_BLOCKS > spec.n_head_kv * -(-300 // (tile + 1))
     for launch in tiles:
         assert launch.grid == (spec.n_head_kv, -(-300 // tile), 1)
-        assert launch.shared == tiles_shared(heads * tile, 64)
+        assert launch.shared == tiles_shared(heads * tile, d)
         (a,) = launch.args
         assert (a.n_tokens, a.tile_tokens) == (300, tile)
-    assert 2 * (tiles_shared(32, 64) + 256) <= 228 << 10  # the most rows: still two an SM
+    for width in (64, 128, 256):  # the most rows: still two an SM
+        assert 2 * (tiles_shared(tile_rows(width), width) + 256) <= 228 << 10
     assert tile_tokens(4096, 7, 2) == 4 and tile_tokens(4096, 1, 2) == 32  # rows, tokens cap
     assert tile_tokens(20, 3, 3) == 1  # few tokens: a token a block
 

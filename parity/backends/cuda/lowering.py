@@ -56,11 +56,11 @@ NORM_THREADS = 1024  # rows.cu's
 SPLIT_TOKENS = 4  # flash decoding for at most this many tokens
 GQA_HEADS_MAX = 8  # prefill attention takes up to this many query heads of a KV head a block
 GQA_WIDTH_MAX = 1024  # ... whose q and sums (heads x head_dim floats, twice) fit shared memory
-# prefill attention for heads of 64 a block a KV head and a tile of tokens (attention_tiles):
+# prefill attention a block a KV head and a tile of tokens (attention_tiles):
 # bit-exact in the CPU emulator (tests), not yet timed on a GPU, so not yet the default
 PREFILL_TILES = False
-TILE_ROWS = 32  # ... query rows (heads x tokens) a block at most
-TILE_TOKENS = 32  # ... and tokens (attention.cu's TILE_ROWS, TILE_TOKENS)
+TILE_ROWS = 32  # ... query rows (heads x tokens) a block at most, heads of 64 (half: wider)
+TILE_TOKENS = 32  # ... and tokens (attention.cu's TILE_TOKENS)
 TILE_BLOCKS = 256  # ... and as few tokens a block as give this many blocks (2 an SM on an H200)
 # ... in one launch where a token sees at most this many chunks (each block scores every one for
 # the max: K read once a chunk); more: the scores through scratch (attention.cu). Heads of 256
@@ -86,16 +86,24 @@ def gemv_warps_per_row(dtype: DType, k: int) -> int:
     return min(GEMV_WARPS, rounds)
 
 
-def tile_tokens(t: int, heads: int, n_head_kv: int) -> int:
-    """attention_tiles' tokens a block for ``t`` tokens and ``heads`` query heads a KV head:
-    as many as TILE_ROWS rows take, but few enough for TILE_BLOCKS blocks where ``t`` allows."""
-    return max(1, min(TILE_ROWS // heads, TILE_TOKENS, t * n_head_kv // TILE_BLOCKS))
+def tile_tokens(t: int, heads: int, n_head_kv: int, d: int = 64) -> int:
+    """attention_tiles' tokens a block for ``t`` tokens and ``heads`` query heads a KV head of
+    ``d``: as many as ``tile_rows(d)`` rows take, but few enough for TILE_BLOCKS blocks where
+    ``t`` allows."""
+    return max(1, min(tile_rows(d) // heads, TILE_TOKENS, t * n_head_kv // TILE_BLOCKS))
 
 
 def tiles_shared(rows: int, d: int) -> int:
     """attention_tiles' dynamic shared memory for ``rows`` query rows of heads of ``d``: q and
-    the sums (``d`` floats a row each), the weights and the runs (256 each), max and den."""
-    return 4 * rows * (2 * d + 2 * 256 + 2)
+    the sums (``d`` floats a row each), the weights and the partial TREEs (256 each, twice for
+    heads of 256), max and den."""
+    return 4 * rows * (2 * d + (3 if d == 256 else 2) * 256 + 2)
+
+
+def tile_rows(d: int) -> int:
+    """attention_tiles' query rows a block at most for heads of ``d``: about 80 KiB of shared
+    memory, two blocks an SM."""
+    return TILE_ROWS if d == 64 else TILE_ROWS // 2
 
 
 def gemm_mma_shared(dtype: DType, gated: bool, k: int) -> int | None:
@@ -551,11 +559,11 @@ class Lowering:
             self._launch("attention.cu", f"attention_chunks<{d}>", grid, (256, 1, 1), [a])
             if more:
                 self._launch("attention.cu", f"attention_sums<{d}>", grid, (256, 1, 1), [a])
-        elif PREFILL_TILES and d == 64 and arg.n_head // arg.n_head_kv <= TILE_ROWS:
+        elif PREFILL_TILES and arg.n_head // arg.n_head_kv <= tile_rows(d):
             heads = arg.n_head // arg.n_head_kv
             a.n_tokens = t
-            a.tile_tokens = tile = tile_tokens(t, heads, arg.n_head_kv)
-            self._launch("attention.cu", "attention_tiles<64>",
+            a.tile_tokens = tile = tile_tokens(t, heads, arg.n_head_kv, d)
+            self._launch("attention.cu", f"attention_tiles<{d}>",
                          (arg.n_head_kv, -(-t // tile), 1), (256, 1, 1), [a],
                          tiles_shared(heads * tile, d))  # fmt: skip
         elif (2 <= arg.n_head // arg.n_head_kv <= GQA_HEADS_MAX

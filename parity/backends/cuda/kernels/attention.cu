@@ -16,7 +16,7 @@
 //   sums with that max), recomputing the scores bit for bit; no scratch. For prefill.
 // attention_rows_gqa: the same, one block for the query heads of a KV head.
 // attention_tiles: the same, one block for the query heads of a KV head and a tile of tokens,
-//   each chunk's K and V read once for all of them (heads of 64; see below).
+//   each chunk's K and V read once for all of them (see below).
 // attention_chunks (+ attention_sums): flash decoding, for few tokens. One block per (token,
 //   head, chunk). Where a token sees at most ``chunks_one_launch`` chunks (known only when the
 //   step runs: a captured step serves every position), each block finds the max over every
@@ -620,50 +620,65 @@ __global__ void __launch_bounds__(CHUNK) attention_rows_gqa(AttnArgs a) {
 // ---- prefill: a block a KV head and a tile of tokens -----------------------------------------
 //
 // attention_tiles<D>: grid (n_head_kv, ceil(T / TQ)), TQ = ``tile_tokens``; the block takes the
-// H query heads of KV head g for TQ tokens, R = H TQ <= TILE_ROWS query rows (r = tq H + h), so
-// each chunk's K and V rows are read once for all of them, not once a token. Heads of 64:
-// thread j holds slot j's K row in registers and makes the rows' scores one after another, q
-// broadcast from shared memory; for the sums, thread (part, i) holds its run's 64 values at
-// dimension i and makes the rows' runs. Every score, weight, TREE and fold is the one
-// attention_rows makes, and so are the bits. The scores are made twice (the max pass, then the
-// sums), as in attention_rows. Dynamic shared memory: lowering.py's tiles_shared(R) bytes, at
-// most about 81 KiB; with 128 registers, two blocks an SM.
-#define TILE_ROWS 32  // R at most
+// H query heads of KV head g for TQ tokens, R = H TQ query rows (r = tq H + h), so each
+// chunk's K and V rows are read once for all of them, not once a token. Thread j holds 64
+// columns of slot j's K row in registers at a time (a slab) and makes the rows' TREEs over
+// them, q broadcast from shared memory; a row's score is its slabs' TREEs added as the TREE's
+// upper levels (heads of 128: S0 + S1; of 256: (S0 + S1) + (S2 + S3)), the partial sums kept
+// by row in shared memory (P, Q). For the sums, thread (part, i) takes its run of D slots at
+// dimension i 64 rows at a time, each batch's values in registers, and makes the rows' TREEs
+// over them, added the same way. Every score, weight, TREE and fold is the one attention_rows
+// makes, and so are the bits. The scores are made twice (the max pass, then the sums), as in
+// attention_rows. Dynamic shared memory: lowering.py's tiles_shared(R, D) bytes (at most about
+// 81 KiB); 128 registers: two blocks an SM.
 #define TILE_TOKENS 32  // TQ at most
 
-// thread tid's K row (slot ``row``, clamped to row ``last``: a valid row, dropped later)
-template <int D>
-__device__ __forceinline__ void load_row(float4 (&kr)[D / 4], const float* kbase, int width,
-                                         int row, int last) {
-    const float4* src = reinterpret_cast<const float4*>(kbase + (i64)min(row, last) * width);
+// columns [c0, c0 + 64) of K row ``row`` (clamped to row ``last``: a valid row, dropped later)
+__device__ __forceinline__ void load_slab(float4 (&kr)[16], const float* kbase, int width,
+                                          int row, int last, int c0) {
+    const float4* src = reinterpret_cast<const float4*>(kbase + (i64)min(row, last) * width + c0);
 #pragma unroll
-    for (int d = 0; d < D / 4; ++d) kr[d] = src[d];
+    for (int d = 0; d < 16; ++d) kr[d] = src[d];
 }
 
-// fl(TREE_d(fl(q_d k_d)) * scale), q from shared memory, k in registers
-template <int D>
-__device__ __forceinline__ float row_score(const float4 (&kr)[D / 4], const float* q,
-                                           float scale) {
+// TREE_d(fl(q_d k_d)) over a slab's 64 columns, q from shared memory, k in registers
+__device__ __forceinline__ float slab_dot(const float4 (&kr)[16], const float* q) {
     float st[10];
 #pragma unroll
-    for (int d = 0; d < D / 4; ++d) {
+    for (int d = 0; d < 16; ++d) {
         const float4 qv = *reinterpret_cast<const float4*>(q + 4 * d);
         tree_push<10>(st, 4 * d, __fmul_rn(qv.x, kr[d].x));
         tree_push<10>(st, 4 * d + 1, __fmul_rn(qv.y, kr[d].y));
         tree_push<10>(st, 4 * d + 2, __fmul_rn(qv.z, kr[d].z));
         tree_push<10>(st, 4 * d + 3, __fmul_rn(qv.w, kr[d].w));
     }
-    return __fmul_rn(tree_finish<10>(st, D, D), scale);
+    return tree_finish<10>(st, 64, 64);
 }
 
-// the TREE of a run: fl(e_j v_j) for its D slots from ``first``, +0.0 where the token does not
-// see the slot (CHECK false: it sees them all)
-template <int D, bool CHECK>
-__device__ __forceinline__ float tile_run(const float* e, const float (&vals)[D], int first,
-                                          int lo, int p) {
+// the TREE of NS subtrees of 64 leaves, given one at a time (k = 0 .. NS - 1): returns it at
+// the last; the earlier ones wait in p and q (this thread's own slots)
+template <int NS>
+__device__ __forceinline__ float upper_tree(int k, float s, float* p, float* q) {
+    if (NS == 1) return s;
+    if (NS == 2) {
+        if (k == 0) *p = s;
+        return k == 0 ? 0.0f : __fadd_rn(*p, s);
+    }
+    if (k == 0) *p = s;
+    else if (k == 1) *p = __fadd_rn(*p, s);
+    else if (k == 2) *q = s;
+    else return __fadd_rn(*p, __fadd_rn(*q, s));
+    return 0.0f;
+}
+
+// the TREE of a batch: fl(e_j v_j) for its 64 slots from ``first``, +0.0 where the token does
+// not see the slot (CHECK false: it sees them all)
+template <bool CHECK>
+__device__ __forceinline__ float batch_run(const float* e, const float (&vals)[64], int first,
+                                           int lo, int p) {
     float st[10];
 #pragma unroll
-    for (int j = 0; j < D; j += 4) {
+    for (int j = 0; j < 64; j += 4) {
         const float4 ev = *reinterpret_cast<const float4*>(e + j);
         const float ej[4] = {ev.x, ev.y, ev.z, ev.w};
 #pragma unroll
@@ -672,20 +687,21 @@ __device__ __forceinline__ float tile_run(const float* e, const float (&vals)[D]
             tree_push<10>(st, j + k, in ? __fmul_rn(ej[k], vals[j + k]) : 0.0f);
         }
     }
-    return tree_finish<10>(st, D, D);
+    return tree_finish<10>(st, 64, 64);
 }
 
 template <int D>
-__global__ void __launch_bounds__(CHUNK, 2) attention_tiles(AttnArgs a) {
+__global__ void __launch_bounds__(CHUNK, D == 128 ? 1 : 2) attention_tiles(AttnArgs a) {
     pdl_begin();
-    static_assert(D == 64, "heads of 64");
-    constexpr int PARTS = CHUNK / D;
+    constexpr int NS = D / 64, PARTS = CHUNK / D;
+    static_assert(D == 64 || D == 128 || D == 256, "heads of 64, 128 or 256");
     const int H = a.n_head / a.n_head_kv, TQ = a.tile_tokens, R = H * TQ;
     extern __shared__ __align__(16) float tiles[];
     float* qs = tiles;  // [R][D] the q rows
     float* w = qs + R * D;  // [R][CHUNK] running maxes, then a chunk's weights
-    float* runs = w + R * CHUNK;  // [R][CHUNK] a chunk's runs, (part, i) at part D + i
-    float* acc = runs + R * CHUNK;  // [R][D] the folded N_c
+    float* ps_ = w + R * CHUNK;  // [R][CHUNK] upper-tree partials; a chunk's runs at the end
+    float* qq = ps_ + R * CHUNK;  // [R][CHUNK] more partials (heads of 256)
+    float* acc = qq + (NS == 4 ? R * CHUNK : 0);  // [R][D] the folded N_c
     float* mx = acc + R * D;  // [R]
     float* den = mx + R;  // [R]
     __shared__ int ps[TILE_TOKENS], los[TILE_TOKENS];
@@ -711,19 +727,29 @@ __global__ void __launch_bounds__(CHUNK, 2) attention_tiles(AttnArgs a) {
         cmax = max(cmax, ps[tq] / CHUNK);
         last = max(last, ps[tq]);
     }
-    // pass 1: each thread's max of its slots' scores, by row (in w), then each row's
-    for (int c = cmin; c <= cmax; ++c) {
-        float4 kr[D / 4];
+    // every row's score of this thread's slot in chunk c, slab by slab: act(r, in, score)
+    auto scores = [&](int c, auto act) {
         const int pos = c * CHUNK + tid;
-        load_row<D>(kr, kbase, width, pos, last);
-        for (int tq = 0; tq < TQ; ++tq) {
-            const bool in = seen(pos, los[tq], ps[tq]);
-            for (int h = 0; h < H; ++h) {
-                const int r = tq * H + h;
-                const float s = row_score<D>(kr, qs + r * D, a.scale);
-                if (in) w[r * CHUNK + tid] = max_nan(w[r * CHUNK + tid], s);
+#pragma unroll
+        for (int k = 0; k < NS; ++k) {
+            float4 kr[16];
+            load_slab(kr, kbase, width, pos, last, 64 * k);
+            for (int tq = 0; tq < TQ; ++tq) {
+                const bool in = seen(pos, los[tq], ps[tq]);
+                for (int h = 0; h < H; ++h) {
+                    const int r = tq * H + h;
+                    const float s = upper_tree<NS>(k, slab_dot(kr, qs + r * D + 64 * k),
+                                                   ps_ + r * CHUNK + tid, qq + r * CHUNK + tid);
+                    if (k == NS - 1) act(r, in, __fmul_rn(s, a.scale));
+                }
             }
         }
+    };
+    // pass 1: each thread's max of its slots' scores, by row (in w), then each row's
+    for (int c = cmin; c <= cmax; ++c) {
+        scores(c, [&](int r, bool in, float s) {
+            if (in) w[r * CHUNK + tid] = max_nan(w[r * CHUNK + tid], s);
+        });
     }
     __syncthreads();
     for (int r = warp; r < R; r += CHUNK / 32) {  // a warp a row: lane l's 8 slots, then 32 lanes
@@ -741,19 +767,9 @@ __global__ void __launch_bounds__(CHUNK, 2) attention_tiles(AttnArgs a) {
     // the rows whose token sees the chunk
     const int i = tid % D, part = tid / D;
     for (int c = cmin; c <= cmax; ++c) {
-        {
-            float4 kr[D / 4];
-            const int pos = c * CHUNK + tid;
-            load_row<D>(kr, kbase, width, pos, last);
-            for (int tq = 0; tq < TQ; ++tq) {
-                const bool in = seen(pos, los[tq], ps[tq]);
-                for (int h = 0; h < H; ++h) {
-                    const int r = tq * H + h;
-                    const float s = row_score<D>(kr, qs + r * D, a.scale);
-                    w[r * CHUNK + tid] = in ? p_exp(__fsub_rn(s, mx[r])) : 0.0f;
-                }
-            }
-        }
+        scores(c, [&](int r, bool in, float s) {
+            w[r * CHUNK + tid] = in ? p_exp(__fsub_rn(s, mx[r])) : 0.0f;
+        });
         __syncthreads();
         for (int r = warp; r < R; r += CHUNK / 32) {
             const float4 e0 = *reinterpret_cast<const float4*>(w + r * CHUNK + lane * 8);
@@ -765,24 +781,39 @@ __global__ void __launch_bounds__(CHUNK, 2) attention_tiles(AttnArgs a) {
             if (lane == 0 && c >= c0 && c <= ps[tq] / CHUNK)
                 den[r] = c == c0 ? v : __fadd_rn(den[r], v);
         }
-        {
-            const int first = c * CHUNK + part * D;
-            float vals[D];
+        // the runs, a batch of 64 slots at a time; the run of (part, i) ends in ps_
 #pragma unroll
-            for (int j = 0; j < D; ++j) vals[j] = vbase[(i64)min(first + j, last) * width + i];
+        for (int b = 0; b < NS; ++b) {
+            const int first = c * CHUNK + part * D + 64 * b;
+            float vals[64];
+#pragma unroll
+            for (int j = 0; j < 64; ++j) vals[j] = vbase[(i64)min(first + j, last) * width + i];
             for (int tq = 0; tq < TQ; ++tq) {
                 const int lo = los[tq], p = ps[tq];
-                float* out = runs + tq * H * CHUNK + tid;
-                const float* e = w + tq * H * CHUNK + part * D;
-                // (one part a warp: each branch is the warp's)
-                if (first >= lo && first + D - 1 <= p) {  // every slot seen: no checks
-                    for (int h = 0; h < H; ++h)
-                        out[h * CHUNK] = tile_run<D, false>(e + h * CHUNK, vals, first, lo, p);
-                } else if (first > p || first + D - 1 < lo) {  // none: +0.0 leaves, +0.0
-                    for (int h = 0; h < H; ++h) out[h * CHUNK] = 0.0f;
+                const int r0 = tq * H;
+                // (a warp's threads share part: each branch is the warp's)
+                if (first >= lo && first + 63 <= p) {  // every slot seen: no checks
+                    for (int r = r0; r < r0 + H; ++r) {
+                        const float x = batch_run<false>(w + r * CHUNK + part * D + 64 * b, vals,
+                                                         first, lo, p);
+                        const float run = upper_tree<NS>(b, x, ps_ + r * CHUNK + tid,
+                                                         qq + r * CHUNK + tid);
+                        if (b == NS - 1) ps_[r * CHUNK + tid] = run;
+                    }
+                } else if (first > p || first + 63 < lo) {  // none: +0.0 leaves, +0.0
+                    for (int r = r0; r < r0 + H; ++r) {  // (still added above: -0.0 + +0.0)
+                        const float run = upper_tree<NS>(b, 0.0f, ps_ + r * CHUNK + tid,
+                                                         qq + r * CHUNK + tid);
+                        if (b == NS - 1) ps_[r * CHUNK + tid] = run;
+                    }
                 } else {
-                    for (int h = 0; h < H; ++h)
-                        out[h * CHUNK] = tile_run<D, true>(e + h * CHUNK, vals, first, lo, p);
+                    for (int r = r0; r < r0 + H; ++r) {
+                        const float x = batch_run<true>(w + r * CHUNK + part * D + 64 * b, vals,
+                                                        first, lo, p);
+                        const float run = upper_tree<NS>(b, x, ps_ + r * CHUNK + tid,
+                                                         qq + r * CHUNK + tid);
+                        if (b == NS - 1) ps_[r * CHUNK + tid] = run;
+                    }
                 }
             }
         }
@@ -790,14 +821,14 @@ __global__ void __launch_bounds__(CHUNK, 2) attention_tiles(AttnArgs a) {
         for (int o = tid; o < R * D; o += CHUNK) {
             const int r = o / D, tq = r / H, c0 = los[tq] / CHUNK;
             if (c < c0 || c > ps[tq] / CHUNK) continue;
-            const float* x = runs + r * CHUNK + o % D;
+            const float* x = ps_ + r * CHUNK + o % D;
             float n;
             if (PARTS == 1) n = x[0];
             else if (PARTS == 2) n = __fadd_rn(x[0], x[D]);
             else n = __fadd_rn(__fadd_rn(x[0], x[D]), __fadd_rn(x[2 * D], x[3 * D]));
             acc[o] = c == c0 ? n : __fadd_rn(acc[o], n);
         }
-        __syncthreads();  // before the next chunk's weights and runs overwrite these
+        __syncthreads();  // before the next chunk's partials, weights and runs overwrite these
     }
     // out[t, (g H + h) D + i] = num / den, and its Q8 blocks when wanted (whole warps)
     for (int o0 = warp * 32; o0 < R * D; o0 += CHUNK) {
