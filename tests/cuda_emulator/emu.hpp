@@ -68,26 +68,31 @@ namespace emu {
 constexpr int MAX_THREADS = 1024;
 constexpr size_t STACK_BYTES = 256 << 10;
 
+// a barrier of ``size`` threads: generation ``gen`` passes when all have arrived
+struct Barrier {
+    int size = 0, arrived = 0;
+    unsigned long long gen = 0;
+};
+
 struct Fiber {
     ucontext_t ctx;
     dim3 tid;
     int lane = 0, warp = 0;
-    int wait = 0;  // 0 running, 1 block barrier, 2 warp barrier
-    unsigned long long gen = 0;  // the barrier generation it waits to pass
+    const Barrier* wait = nullptr;  // the barrier it waits at (null: running)
+    unsigned long long gen = 0;  // ... to pass this generation of
     bool done = false;
 };
 
 struct Warp {
-    int size = 0, arrived = 0;
-    unsigned long long gen = 0;
+    Barrier bar;
     unsigned long long slot[32];
     int words[32][8];  // a matrix fragment's registers, by lane (mma)
 };
 
 struct State {
     dim3 grid, block, block_idx;
-    int nthreads = 0, arrived = 0;
-    unsigned long long gen = 0;
+    int nthreads = 0;
+    Barrier bar;  // the block's
     std::vector<Fiber> fibers;
     std::vector<Warp> warps;
     std::vector<std::vector<char>> stacks;
@@ -110,37 +115,25 @@ inline void fail(const char* what) {
     if (!s.error[0]) std::snprintf(s.error, sizeof s.error, "%s", what);
 }
 
-// park the current fiber until the scheduler resumes it
-inline void park(int kind, unsigned long long gen) {
+// arrive at barrier b; the last to arrive lets the others pass and goes on, the others park
+// until the scheduler resumes them
+inline void arrive(Barrier& b) {
     State& s = state();
+    const unsigned long long gen = b.gen;
+    if (++b.arrived == b.size) {
+        b.arrived = 0;
+        ++b.gen;
+        return;
+    }
     Fiber* f = s.cur;
-    f->wait = kind;
+    f->wait = &b;
     f->gen = gen;
     swapcontext(&f->ctx, &s.sched);
 }
 
-inline void sync_block() {
-    State& s = state();
-    const unsigned long long gen = s.gen;
-    if (++s.arrived == s.nthreads) {
-        s.arrived = 0;
-        ++s.gen;
-        return;
-    }
-    park(1, gen);
-}
+inline void sync_block() { arrive(state().bar); }
 
-inline void sync_warp() {
-    State& s = state();
-    Warp& w = s.warps[s.cur->warp];
-    const unsigned long long gen = w.gen;
-    if (++w.arrived == w.size) {
-        w.arrived = 0;
-        ++w.gen;
-        return;
-    }
-    park(2, gen);
-}
+inline void sync_warp() { arrive(state().warps[state().cur->warp].bar); }
 
 // every lane of the warp publishes v, then reads lane src's
 template <typename T>
@@ -154,7 +147,7 @@ inline T exchange(T v, int src) {
     w.slot[s.cur->lane] = bits;
     sync_warp();
     T r;
-    const unsigned long long got = w.slot[src < w.size ? src : s.cur->lane];
+    const unsigned long long got = w.slot[src < w.bar.size ? src : s.cur->lane];
     std::memcpy(&r, &got, sizeof(T));
     return r;
 }
@@ -166,11 +159,8 @@ inline void entry() {
     swapcontext(&s.cur->ctx, &s.sched);
 }
 
-inline bool runnable(const State& s, const Fiber& f) {
-    if (f.done) return false;
-    if (f.wait == 1) return s.gen > f.gen;
-    if (f.wait == 2) return s.warps[f.warp].gen > f.gen;
-    return true;
+inline bool runnable(const Fiber& f) {
+    return !f.done && (f.wait == nullptr || f.wait->gen > f.gen);
 }
 
 // Runs body(arg) as every thread of every block. Returns 0, or -1 with state().error set.
@@ -190,7 +180,8 @@ inline int run_grid(void (*body)(const void*), const void* arg, dim3 grid, dim3 
     s.arg = arg;
     s.fibers.assign(n, Fiber{});
     s.warps.assign((n + 31) / 32, Warp{});
-    for (size_t w = 0; w < s.warps.size(); ++w) s.warps[w].size = (int)std::min<long>(32, n - 32 * (long)w);
+    for (size_t w = 0; w < s.warps.size(); ++w)
+        s.warps[w].bar.size = (int)std::min<long>(32, n - 32 * (long)w);
     if ((long)s.stacks.size() < n) s.stacks.resize(n);
     for (long i = 0; i < n; ++i) s.stacks[i].resize(STACK_BYTES);
     s.dynamic_smem.assign(dynamic_smem + 16, 0xff);  // NaN-ish garbage, as on the device
@@ -199,9 +190,8 @@ inline int run_grid(void (*body)(const void*), const void* arg, dim3 grid, dim3 
         for (unsigned by = 0; by < grid.y; ++by)
             for (unsigned bx = 0; bx < grid.x; ++bx) {
                 s.block_idx = dim3{bx, by, bz};
-                s.arrived = 0;
-                s.gen = 0;
-                for (auto& w : s.warps) w.arrived = 0, w.gen = 0;
+                s.bar = Barrier{(int)n, 0, 0};
+                for (auto& w : s.warps) w.bar.arrived = 0, w.bar.gen = 0;
                 for (long i = 0; i < n; ++i) {
                     Fiber& f = s.fibers[i];
                     f = Fiber{};
@@ -220,8 +210,8 @@ inline int run_grid(void (*body)(const void*), const void* arg, dim3 grid, dim3 
                     bool moved = false;
                     for (long i = 0; i < n; ++i) {
                         Fiber& f = s.fibers[i];
-                        if (!runnable(s, f)) continue;
-                        f.wait = 0;
+                        if (!runnable(f)) continue;
+                        f.wait = nullptr;
                         s.cur = &f;
                         swapcontext(&s.sched, &f.ctx);
                         moved = true;
@@ -347,7 +337,7 @@ inline T __shfl_up_sync(unsigned, T v, unsigned delta, int width = 32) {
 }
 inline unsigned __ballot_sync(unsigned, int pred) {
     unsigned r = 0;
-    const int size = emu::state().warps[emu::state().cur->warp].size;
+    const int size = emu::state().warps[emu::state().cur->warp].bar.size;
     for (int l = 0; l < 32; ++l) {
         // every lane takes part in each round's exchange
         const int got = emu::exchange(pred ? 1 : 0, l);
@@ -357,7 +347,7 @@ inline unsigned __ballot_sync(unsigned, int pred) {
 }
 inline int __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }
 inline int __all_sync(unsigned m, int pred) {
-    const int size = emu::state().warps[emu::state().cur->warp].size;
+    const int size = emu::state().warps[emu::state().cur->warp].bar.size;
     const unsigned full = size == 32 ? 0xffffffffu : (1u << size) - 1;
     return __ballot_sync(m, pred) == full;
 }
@@ -403,26 +393,17 @@ inline void __stcs(T* p, T v) {
     *p = v;
 }
 
-inline float __uint_as_float(unsigned b) {
-    float f;
-    std::memcpy(&f, &b, 4);
-    return f;
+template <typename To, typename From>
+inline To bit_cast(From v) {
+    static_assert(sizeof(To) == sizeof(From), "same size");
+    To r;
+    std::memcpy(&r, &v, sizeof r);
+    return r;
 }
-inline float __int_as_float(int b) {
-    float f;
-    std::memcpy(&f, &b, 4);
-    return f;
-}
-inline unsigned __float_as_uint(float f) {
-    unsigned b;
-    std::memcpy(&b, &f, 4);
-    return b;
-}
-inline int __float_as_int(float f) {
-    int b;
-    std::memcpy(&b, &f, 4);
-    return b;
-}
+inline float __uint_as_float(unsigned b) { return bit_cast<float>(b); }
+inline float __int_as_float(int b) { return bit_cast<float>(b); }
+inline unsigned __float_as_uint(float f) { return bit_cast<unsigned>(f); }
+inline int __float_as_int(float f) { return bit_cast<int>(f); }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }

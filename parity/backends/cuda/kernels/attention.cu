@@ -791,29 +791,21 @@ __global__ void __launch_bounds__(CHUNK, D == 128 ? 1 : 2) attention_tiles(AttnA
             for (int tq = 0; tq < TQ; ++tq) {
                 const int lo = los[tq], p = ps[tq];
                 const int r0 = tq * H;
+                const float* e = w + part * D + 64 * b;
+                auto put = [&](int r, float x) {  // batch b's TREE of row r, added above
+                    const float run = upper_tree<NS>(b, x, ps_ + r * CHUNK + tid,
+                                                     qq + r * CHUNK + tid);
+                    if (b == NS - 1) ps_[r * CHUNK + tid] = run;
+                };
                 // (a warp's threads share part: each branch is the warp's)
                 if (first >= lo && first + 63 <= p) {  // every slot seen: no checks
-                    for (int r = r0; r < r0 + H; ++r) {
-                        const float x = batch_run<false>(w + r * CHUNK + part * D + 64 * b, vals,
-                                                         first, lo, p);
-                        const float run = upper_tree<NS>(b, x, ps_ + r * CHUNK + tid,
-                                                         qq + r * CHUNK + tid);
-                        if (b == NS - 1) ps_[r * CHUNK + tid] = run;
-                    }
+                    for (int r = r0; r < r0 + H; ++r)
+                        put(r, batch_run<false>(e + r * CHUNK, vals, first, lo, p));
                 } else if (first > p || first + 63 < lo) {  // none: +0.0 leaves, +0.0
-                    for (int r = r0; r < r0 + H; ++r) {  // (still added above: -0.0 + +0.0)
-                        const float run = upper_tree<NS>(b, 0.0f, ps_ + r * CHUNK + tid,
-                                                         qq + r * CHUNK + tid);
-                        if (b == NS - 1) ps_[r * CHUNK + tid] = run;
-                    }
+                    for (int r = r0; r < r0 + H; ++r) put(r, 0.0f);  // (-0.0 + +0.0 above)
                 } else {
-                    for (int r = r0; r < r0 + H; ++r) {
-                        const float x = batch_run<true>(w + r * CHUNK + part * D + 64 * b, vals,
-                                                        first, lo, p);
-                        const float run = upper_tree<NS>(b, x, ps_ + r * CHUNK + tid,
-                                                         qq + r * CHUNK + tid);
-                        if (b == NS - 1) ps_[r * CHUNK + tid] = run;
-                    }
+                    for (int r = r0; r < r0 + H; ++r)
+                        put(r, batch_run<true>(e + r * CHUNK, vals, first, lo, p));
                 }
             }
         }
