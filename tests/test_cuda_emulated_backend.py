@@ -9,6 +9,7 @@ machine without one catches a wrong fusion, index or barrier."""
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 
 import pytest
 from cuda_emulator import compiler
@@ -39,12 +40,14 @@ SLOW = {
 }
 
 
-def _backend():
+def _backend(reverse: bool = False):
     from cuda_emulator.backend import EmulatedCudaBackend
 
     from parity.core.backend import Device
 
-    return EmulatedCudaBackend(Device("cuda", 0))
+    backend = EmulatedCudaBackend(Device("cuda", 0))
+    backend.driver.reverse = reverse
+    return backend
 
 
 CASES = {spec.id: spec for spec in op_suite()}
@@ -69,9 +72,10 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     arch, tiles, heads, monkeypatch
 ):
     """A 40-token prefill (the int8 tensor-core GEMM; prefill attention a block a KV head's
-    query heads, or with ``tiles`` a block a tile of tokens) and two decode steps (GEMV, flash
-    decoding): every node of every step bit-identical to the cpu oracle's, and the greedy
-    tokens the same. ``heads``: the spec's head shape, if not the tiny one's."""
+    query heads, or with ``tiles`` a block a tile of tokens, as many as its rows hold) and two
+    decode steps (GEMV, flash decoding): every node of every step bit-identical to the cpu
+    oracle's, and the greedy tokens the same. ``heads``: the spec's head shape, if not the tiny
+    one's."""
     from cuda_emulator.backend import EmulatedDriver
 
     from parity.arch.synthetic import synthetic_model, tiny_spec
@@ -89,6 +93,7 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
 
     monkeypatch.setattr(EmulatedDriver, "launch", counted)
     monkeypatch.setattr(lowering, "PREFILL_TILES", tiles)
+    monkeypatch.setattr(lowering, "TILE_BLOCKS", 1)  # (40 tokens: else a token a block)
     spec, weights = synthetic_model(tiny_spec(arch, n_ctx_train=1024, **heads), seed=5)
     prompt = [(7 * i) % 500 + 1 for i in range(40)]
     report = compare_steps(arch, spec, weights, prompt, 3, lambda: CpuBackend(Device("cpu")),
@@ -98,3 +103,23 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     prefill = "attention_tiles" if tiles else "attention_rows_gqa"
     for kernel in ("gemm_mma", prefill, "gemv_q_multi", "attention_chunks"):
         assert launched[kernel] > 0, launched
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_gemma3_norms_wider_than_a_block_are_bit_exact_in_the_emulator(reverse) -> None:
+    """Gemma 3 1B's width, 1152: wider than a norm block's 1024 threads, so each thread takes
+    two columns of the chained norms (rows.cu) and the block's tree spans barriers. Every node
+    of a prefill and a decode step bit-identical to the oracle's, the block's threads resumed
+    first to last and last to first (a missing barrier shows in one order or the other)."""
+    from parity.arch.synthetic import synthetic_model, tiny_spec
+    from parity.backends.cpu.backend import CpuBackend
+    from parity.conformance.compare_steps import compare_steps
+    from parity.core.backend import Device
+
+    spec, weights = synthetic_model(tiny_spec("gemma3", n_ctx_train=512, n_embd=1152,
+                                              n_layer=1), seed=6)  # fmt: skip
+    oracle = partial(CpuBackend, Device("cpu"))
+    report = compare_steps("gemma3", spec, weights, [5, 9, 2, 77], 2, oracle,
+                           partial(_backend, reverse))  # fmt: skip
+    assert report.violation is None and report.first_divergent is None
+    assert report.identical_share == 1.0 and report.tokens_agree == 2

@@ -42,21 +42,24 @@ KERNELS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def lib():
-    return compile_kernels("attention.cu", KERNELS)
+@pytest.fixture(scope="module", params=["forward", "reverse"])
+def lib(request):
+    """The kernels, a block's threads resumed first to last between barriers, or last to first:
+    a missing barrier between a write and a read shows in one order or the other."""
+    lib = compile_kernels("attention.cu", KERNELS)
+    lib.reverse = request.param == "reverse"
+    return lib
 
 
 def ptr(a: np.ndarray | None) -> int | None:
     return None if a is None else a.ctypes.data
 
 
-def run(
-    lib, kind, q, k, v, pos, *, nh, nkv, d, scale, window=0, one_launch=2, quantize=False, tile=0
-):
+def run(lib, kind, q, k, v, pos, *, nh, nkv, d, scale, window=0, one_launch=2, quantize=False,
+        tile=0, shared=None):  # fmt: skip
     """The lowering's launches for ``kind`` (rows, gqa, tiles, chunks), on host arrays: out and,
     with ``quantize``, its Q8 activations (q, d, s). ``tile``: attention_tiles' tokens a block
-    (0: the lowering's choice)."""
+    (0: the lowering's choice); ``shared``: its dynamic shared memory (None: the lowering's)."""
     t, n_ctx = q.shape[0], k.shape[0]
     out = np.full_like(q, np.nan)
     a = AttnArg()
@@ -84,8 +87,9 @@ def run(
     elif kind == "tiles":
         tq = tile or tile_tokens(t, nh // nkv, nkv, d)
         a.n_tokens, a.tile_tokens = t, tq
-        lib.launch(f"attention_tiles<{d}>", (nkv, -(-t // tq)), (CHUNK,), [a],
-                   tiles_shared(nh // nkv * tq, d))  # fmt: skip
+        if shared is None:
+            shared = tiles_shared(nh // nkv * tq, d)
+        lib.launch(f"attention_tiles<{d}>", (nkv, -(-t // tq)), (CHUNK,), [a], shared)
     elif kind == "gqa":
         lib.launch(f"attention_rows_gqa<{d}, {nh // nkv}>", (nkv, t), (CHUNK,), [a])
     else:
@@ -93,22 +97,31 @@ def run(
     return keep
 
 
-def inputs(seed, t, n_ctx, nh, nkv, d, pos, q_scale=1.0):
+def inputs(seed, t, n_ctx, nh, nkv, d, pos, q_scale=1.0, window=0, poison_unseen=False):
+    """q, k, v; the cache rows past the last position hold NaN keys and inf values, and with
+    ``poison_unseen`` so do all those no token sees (NaN and -inf: below the windows, between
+    the positions), which a block may load but must drop."""
     rng = np.random.default_rng(seed)
     q = (rng.standard_normal((t, nh * d)) * q_scale).astype(F32)
     k = rng.standard_normal((n_ctx, nkv * d)).astype(F32)
     v = rng.standard_normal((n_ctx, nkv * d)).astype(F32)
     top = int(pos.max())
     k[top + 1 :], v[top + 1 :] = np.nan, np.inf  # rows no token may read
+    if poison_unseen:
+        seen = np.zeros(n_ctx, bool)
+        for p in pos:
+            seen[max(0, p - window + 1) if window else 0 : p + 1] = True
+        k[~seen], v[~seen] = np.nan, -np.inf
     v[3] = -0.0
     if top >= 300:
         k[300, :d] = 1e30  # one huge score: the rest of its head's weights underflow
     return q, k, v
 
 
-def check(lib, kind, *, seed, nh, nkv, d, pos, n_ctx, window=0, one_launch=2, q_scale=1.0, tile=0):
+def check(lib, kind, *, seed, nh, nkv, d, pos, n_ctx, window=0, one_launch=2, q_scale=1.0, tile=0,
+          poison_unseen=False):  # fmt: skip
     pos = np.asarray(pos, np.int32)
-    q, k, v = inputs(seed, len(pos), n_ctx, nh, nkv, d, pos, q_scale)
+    q, k, v = inputs(seed, len(pos), n_ctx, nh, nkv, d, pos, q_scale, window, poison_unseen)
     scale = float(F32(1 / np.sqrt(d)))
     want = ops.attention(q, k, v, pos, n_head=nh, n_head_kv=nkv, head_dim=d, scale=scale,
                          window=window)  # fmt: skip
@@ -152,10 +165,10 @@ def test_prefill_tiles_of_consecutive_tokens(lib, window) -> None:
 
 @pytest.mark.parametrize("kind", ["rows", "gqa", "tiles"])
 def test_prefill_heads_of_256_with_a_window(lib, kind) -> None:
-    """Gemma 3's heads: 4 query heads, one KV head of 256, a sliding window of 512 (tiles:
-    every token in one block)."""
+    """Gemma 3's heads: 4 query heads, one KV head of 256, a sliding window of 512 (tiles: four
+    tokens a block, its 16 rows the most for heads of 256)."""
     check(lib, kind, seed=3, nh=4, nkv=1, d=256, pos=[0, 255, 511, 512, 900], n_ctx=960,
-          window=512, tile=5)  # fmt: skip
+          window=512, tile=4)  # fmt: skip
 
 
 @pytest.mark.parametrize("d, window", [(128, 0), (256, 0), (256, 100)])
@@ -164,6 +177,29 @@ def test_prefill_tiles_of_wide_heads(lib, d, window) -> None:
     Several tiles across a chunk boundary, a partial last one, -0.0 values in a row."""
     pos = list(range(240, 275))
     check(lib, "tiles", seed=9, nh=4, nkv=2, d=d, pos=pos, n_ctx=320, window=window, tile=8)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("pos, window", [([0, 700, 5, 699], 100), ([700, 0, 650], 60),
+                                         ([3, 520], 2)])  # fmt: skip
+def test_prefill_tiles_drop_the_rows_their_tokens_do_not_see(lib, d, pos, window) -> None:
+    """A tile's tokens far apart: the block loads the chunks any of them sees, and every row
+    none of them sees holds a NaN key and a -inf value, which must never reach a score, a max
+    or a sum (0 * -inf is NaN). A token a block, two, and all of them in one."""
+    for tile in sorted({1, 2, len(pos)}):
+        check(lib, "tiles", seed=10, nh=2, nkv=1, d=d, pos=pos, n_ctx=704, window=window,
+              tile=tile, poison_unseen=True)  # fmt: skip
+
+
+def test_prefill_tiles_trap_on_a_launch_they_cannot_hold(lib) -> None:
+    """More tokens a block than its position table holds, or less shared memory than its rows
+    take: the kernel traps (the launch fails) instead of writing past them."""
+    pos = np.arange(40, dtype=np.int32)
+    q, k, v = inputs(11, 40, 64, 1, 1, 64, pos)
+    for tile, shared in [(33, None), (4, tiles_shared(4, 64) - 4)]:
+        with pytest.raises(EmulatorError, match="__trap"):
+            run(lib, "tiles", q, k, v, pos, nh=1, nkv=1, d=64, scale=0.125, tile=tile,
+                shared=shared)  # fmt: skip
 
 
 @pytest.mark.parametrize("one_launch", [2, 0])

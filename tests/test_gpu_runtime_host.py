@@ -326,7 +326,7 @@ def test_prefill_tiles_launch_a_block_a_kv_head_and_tile_of_tokens(
 ):
     """With PREFILL_TILES, a prefill's attention is one attention_tiles launch a layer: a block
     a KV head and ``tile`` tokens (as few as still give TILE_BLOCKS blocks), its shared memory
-    sized for the rows, two blocks an H200 SM."""
+    sized for the rows; the most rows' shared memory fits two blocks an H200 SM."""
     from parity.arch.params import GraphParams
     from parity.backends.cuda import lowering
     from parity.backends.cuda.lowering import TILE_BLOCKS, tile_rows, tile_tokens, tiles_shared
@@ -351,7 +351,7 @@ def test_prefill_tiles_launch_a_block_a_kv_head_and_tile_of_tokens(
         assert launch.shared == tiles_shared(heads * tile, d)
         (a,) = launch.args
         assert (a.n_tokens, a.tile_tokens) == (300, tile)
-    for width in (64, 128, 256):  # the most rows: still two an SM
+    for width in (64, 128, 256):  # the most rows: two blocks' shared memory fit an SM
         assert 2 * (tiles_shared(tile_rows(width), width) + 256) <= 228 << 10
     assert tile_tokens(4096, 7, 2) == 4 and tile_tokens(4096, 1, 2) == 32  # rows, tokens cap
     assert tile_tokens(20, 3, 3) == 1  # few tokens: a token a block

@@ -15,12 +15,14 @@ Pointers in the arguments are host addresses (numpy arrays' ``ctypes.data``, CPU
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import parity.backends.cuda as cuda_pkg
@@ -37,6 +39,16 @@ _DYNAMIC = re.compile(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?(\w+)\s+(\
 def compiler() -> str | None:
     """The host C++ compiler, or None."""
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
+
+
+@functools.cache
+def _compiler_version(cxx: str) -> str:
+    return subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+
+
+# Every library shares the emulator's one state (its symbols are process-wide), and a launch
+# releases the GIL: one launch at a time.
+_LAUNCH = threading.Lock()
 
 
 class EmulatorError(RuntimeError):
@@ -58,7 +70,11 @@ class Library:
             ]
         )
         self._lib.emu_error.restype = ctypes.c_char_p
+        self._lib.emu_reverse.argtypes = [ctypes.c_int]
         self._index = {name: i for i, name in enumerate(names)}
+        # resume a block's threads last to first between barriers: a missing barrier whose
+        # writer precedes its reader in one order shows in the other
+        self.reverse = False
 
     def launch(
         self,
@@ -78,9 +94,11 @@ class Library:
             raise EmulatorError(f"{name} was not compiled into this library: {list(self._index)}")
         g = (*grid, 1, 1)[:3]
         b = (*block, 1, 1)[:3]
-        rc = self._lib.emu_launch(self._index[name], *g, *b, params, dynamic_smem)
-        if rc != 0:
-            raise EmulatorError(f"{name}: {self._lib.emu_error().decode()}")
+        with _LAUNCH:
+            self._lib.emu_reverse(int(self.reverse))
+            rc = self._lib.emu_launch(self._index[name], *g, *b, params, dynamic_smem)
+            if rc != 0:
+                raise EmulatorError(f"{name}: {self._lib.emu_error().decode()}")
 
 
 def _source(files: list[str], names: list[str]) -> str:
@@ -90,6 +108,7 @@ def _source(files: list[str], names: list[str]) -> str:
         text = text.replace('#include "', f'#include "{KERNELS}/')
         lines.append(_DYNAMIC.sub(r"\1* \2 = static_cast<\1*>(emu::dynamic_smem());", text))
     lines.append('extern "C" const char* emu_error() { return emu::state().error; }')
+    lines.append('extern "C" void emu_reverse(int on) { emu::state().reverse = on != 0; }')
     lines.append(
         'extern "C" int emu_launch(int k, unsigned gx, unsigned gy, unsigned gz, unsigned bx,'
         " unsigned by, unsigned bz, void* const* params, size_t dyn) {"
@@ -114,13 +133,12 @@ def compile_kernels(files: str | list[str], names: list[str], cache: Path | None
         raise EmulatorError("no C++ compiler (g++ or clang++, or $CXX) to build the kernels with")
     src = _source(files, names)
     includes = sorted(KERNELS.glob("*.cu*"))
-    key = hashlib.sha256(
-        "\0".join(
-            [src, HEADER.read_text(), cxx, *FLAGS] + [p.read_text() for p in includes]
-        ).encode()
-    ).hexdigest()[:20]
-    cache = cache or Path(tempfile.gettempdir()) / "parity-cuda-emulator"
-    cache.mkdir(parents=True, exist_ok=True)
+    parts = [src, HEADER.read_text(), cxx, _compiler_version(cxx), *FLAGS]
+    parts += [p.read_text() for p in includes]
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
+    if cache is None:  # a folder of this user's alone: what is loaded from it is what was built
+        cache = Path(tempfile.gettempdir()) / f"parity-cuda-emulator-{os.getuid()}"
+    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
     lib = cache / f"{key}.so"
     if not lib.exists():
         with tempfile.TemporaryDirectory(dir=cache) as tmp:

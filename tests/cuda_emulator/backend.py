@@ -48,9 +48,11 @@ class EmulatedDriver:
     def __init__(self, library: EmulatedLibrary) -> None:
         self.library = library
         self.launched: list[str] = []  # every kernel launched, by name
+        self.reverse = False  # resume each block's threads last to first (Library.reverse)
 
     def launch(self, launch: Any, stream: int) -> None:
         lib, name = self.library.kernel(launch.fn)
+        lib.reverse = self.reverse
         lib.launch_params(name, launch.grid, launch.block, launch.params, launch.shared)
         self.launched.append(name)
 

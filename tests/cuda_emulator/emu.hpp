@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -67,6 +68,8 @@ namespace emu {
 
 constexpr int MAX_THREADS = 1024;
 constexpr size_t STACK_BYTES = 256 << 10;
+constexpr size_t MAX_DYNAMIC_SMEM = 227 << 10;  // an sm_90 block's, static included
+constexpr size_t GUARD = 256;  // poisoned bytes after the dynamic shared memory, checked
 
 // a barrier of ``size`` threads: generation ``gen`` passes when all have arrived
 struct Barrier {
@@ -95,11 +98,13 @@ struct State {
     Barrier bar;  // the block's
     std::vector<Fiber> fibers;
     std::vector<Warp> warps;
-    std::vector<std::vector<char>> stacks;
+    std::vector<std::unique_ptr<char[]>> stacks;  // (not zero-filled: untouched pages stay free)
     std::vector<unsigned char> dynamic_smem;
     size_t dynamic_smem_size = 0;
     ucontext_t sched;
     Fiber* cur = nullptr;
+    bool reverse = false;  // resume a block's threads from the last to the first
+    bool trapped = false;
     void (*body)(const void*) = nullptr;
     const void* arg = nullptr;
     char error[256] = {0};
@@ -159,6 +164,14 @@ inline void entry() {
     swapcontext(&s.cur->ctx, &s.sched);
 }
 
+// __trap: the block stops here (its other threads are not resumed) and the launch fails
+inline void trap() {
+    State& s = state();
+    fail("__trap");
+    s.trapped = true;
+    swapcontext(&s.cur->ctx, &s.sched);
+}
+
 inline bool runnable(const Fiber& f) {
     return !f.done && (f.wait == nullptr || f.wait->gen > f.gen);
 }
@@ -168,9 +181,20 @@ inline int run_grid(void (*body)(const void*), const void* arg, dim3 grid, dim3 
                     size_t dynamic_smem) {
     State& s = state();
     s.error[0] = 0;
+    s.trapped = false;
     const long n = (long)block.x * block.y * block.z;
-    if (n < 1 || n > MAX_THREADS) {
-        fail("block size out of range");
+    // the driver's limits (sm_90): a launch past them fails there, so it fails here
+    if (n < 1 || n > MAX_THREADS || block.z > 64) {
+        fail("block size out of range (1 .. 1024 threads, z <= 64)");
+        return -1;
+    }
+    if (grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.x > 0x7fffffffu || grid.y > 65535 ||
+        grid.z > 65535) {
+        fail("grid size out of range (x 1 .. 2^31 - 1, y and z 1 .. 65535)");
+        return -1;
+    }
+    if (dynamic_smem > MAX_DYNAMIC_SMEM) {
+        fail("more dynamic shared memory than an sm_90 block has (227 KiB)");
         return -1;
     }
     s.grid = grid;
@@ -182,9 +206,8 @@ inline int run_grid(void (*body)(const void*), const void* arg, dim3 grid, dim3 
     s.warps.assign((n + 31) / 32, Warp{});
     for (size_t w = 0; w < s.warps.size(); ++w)
         s.warps[w].bar.size = (int)std::min<long>(32, n - 32 * (long)w);
-    if ((long)s.stacks.size() < n) s.stacks.resize(n);
-    for (long i = 0; i < n; ++i) s.stacks[i].resize(STACK_BYTES);
-    s.dynamic_smem.assign(dynamic_smem + 16, 0xff);  // NaN-ish garbage, as on the device
+    while ((long)s.stacks.size() < n) s.stacks.emplace_back(new char[STACK_BYTES]);
+    s.dynamic_smem.assign(dynamic_smem + GUARD, 0xff);  // NaN-ish garbage, as on the device
     s.dynamic_smem_size = dynamic_smem;
     for (unsigned bz = 0; bz < grid.z; ++bz)
         for (unsigned by = 0; by < grid.y; ++by)
@@ -200,7 +223,7 @@ inline int run_grid(void (*body)(const void*), const void* arg, dim3 grid, dim3 
                     f.lane = (int)(i % 32);
                     f.warp = (int)(i / 32);
                     getcontext(&f.ctx);
-                    f.ctx.uc_stack.ss_sp = s.stacks[i].data();
+                    f.ctx.uc_stack.ss_sp = s.stacks[i].get();
                     f.ctx.uc_stack.ss_size = STACK_BYTES;
                     f.ctx.uc_link = nullptr;
                     makecontext(&f.ctx, entry, 0);
@@ -208,20 +231,29 @@ inline int run_grid(void (*body)(const void*), const void* arg, dim3 grid, dim3 
                 long left = n;
                 while (left > 0) {
                     bool moved = false;
-                    for (long i = 0; i < n; ++i) {
-                        Fiber& f = s.fibers[i];
+                    for (long k = 0; k < n; ++k) {
+                        Fiber& f = s.fibers[s.reverse ? n - 1 - k : k];
                         if (!runnable(f)) continue;
                         f.wait = nullptr;
                         s.cur = &f;
                         swapcontext(&s.sched, &f.ctx);
+                        if (s.trapped) return -1;
                         moved = true;
                         if (f.done) --left;
                     }
                     if (!moved) {
-                        std::snprintf(s.error, sizeof s.error,
+                        char what[200];
+                        std::snprintf(what, sizeof what,
                                       "block (%u, %u, %u): %ld threads wait at a barrier the "
                                       "others never reach (divergent __syncthreads or warp sync)",
                                       bx, by, bz, left);
+                        fail(what);
+                        return -1;
+                    }
+                }
+                for (size_t b = 0; b < GUARD; ++b) {
+                    if (s.dynamic_smem[dynamic_smem + b] != 0xff) {
+                        fail("a write past the launch's dynamic shared memory");
                         return -1;
                     }
                 }
@@ -310,7 +342,7 @@ inline void __syncthreads() { emu::sync_block(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::sync_warp(); }
 inline void __threadfence() {}
 inline void __threadfence_block() {}
-inline void __trap() { emu::fail("__trap"); }
+inline void __trap() { emu::trap(); }
 
 template <typename T>
 inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
@@ -320,8 +352,8 @@ inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
 template <typename T>
 inline T __shfl_xor_sync(unsigned, T v, int mask, int width = 32) {
     const int lane = emu::state().cur->lane;
-    const int src = lane ^ mask;
-    return emu::exchange(v, (src & ~(width - 1)) == (lane & ~(width - 1)) ? src : lane);
+    const int src = lane ^ mask;  // (PTX: a lane may read any lane up to its segment's last)
+    return emu::exchange(v, src <= (lane | (width - 1)) ? src : lane);
 }
 template <typename T>
 inline T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {

@@ -61,7 +61,7 @@ GQA_WIDTH_MAX = 1024  # ... whose q and sums (heads x head_dim floats, twice) fi
 PREFILL_TILES = False
 TILE_ROWS = 32  # ... query rows (heads x tokens) a block at most, heads of 64 (half: wider)
 TILE_TOKENS = 32  # ... and tokens (attention.cu's TILE_TOKENS)
-TILE_BLOCKS = 256  # ... and as few tokens a block as give this many blocks (2 an SM on an H200)
+TILE_BLOCKS = 256  # ... and as few tokens a block as give this many blocks (about 2 an H200 SM)
 # ... in one launch where a token sees at most this many chunks (each block scores every one for
 # the max: K read once a chunk); more: the scores through scratch (attention.cu). Heads of 256
 # always take the two launches: the one-launch kernel spills at 256, and the two were faster on
@@ -101,8 +101,9 @@ def tiles_shared(rows: int, d: int) -> int:
 
 
 def tile_rows(d: int) -> int:
-    """attention_tiles' query rows a block at most for heads of ``d``: about 80 KiB of shared
-    memory, two blocks an SM."""
+    """attention_tiles' query rows a block at most for heads of ``d``: at most about 81 KiB of
+    shared memory, so two blocks fit an SM's (heads of 128 take 250 registers a thread, so
+    their blocks go one an SM all the same)."""
     return TILE_ROWS if d == 64 else TILE_ROWS // 2
 
 

@@ -630,7 +630,8 @@ __global__ void __launch_bounds__(CHUNK) attention_rows_gqa(AttnArgs a) {
 // over them, added the same way. Every score, weight, TREE and fold is the one attention_rows
 // makes, and so are the bits. The scores are made twice (the max pass, then the sums), as in
 // attention_rows. Dynamic shared memory: lowering.py's tiles_shared(R, D) bytes (at most about
-// 81 KiB); 128 registers: two blocks an SM.
+// 81 KiB). Heads of 64 and 256 fit 128 registers, two blocks an SM; heads of 128 take 250
+// (ptxas, sm_90), one block an SM.
 #define TILE_TOKENS 32  // TQ at most
 
 // columns [c0, c0 + 64) of K row ``row`` (clamped to row ``last``: a valid row, dropped later)
@@ -697,6 +698,10 @@ __global__ void __launch_bounds__(CHUNK, D == 128 ? 1 : 2) attention_tiles(AttnA
     static_assert(D == 64 || D == 128 || D == 256, "heads of 64, 128 or 256");
     const int H = a.n_head / a.n_head_kv, TQ = a.tile_tokens, R = H * TQ;
     extern __shared__ __align__(16) float tiles[];
+    // the launch must give TQ <= TILE_TOKENS tokens and the rows' shared memory (lowering.py's
+    // tile_tokens and tiles_shared): a wrong one would write past them
+    const u32 need = 4u * R * (2 * D + (NS == 4 ? 3 : 2) * CHUNK + 2);
+    if (threadIdx.x == 0 && (TQ < 1 || TQ > TILE_TOKENS || dynamic_smem_bytes() < need)) __trap();
     float* qs = tiles;  // [R][D] the q rows
     float* w = qs + R * D;  // [R][CHUNK] running maxes, then a chunk's weights
     float* ps_ = w + R * CHUNK;  // [R][CHUNK] upper-tree partials; a chunk's runs at the end

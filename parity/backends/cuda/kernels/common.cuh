@@ -27,6 +27,18 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
+// the dynamic shared memory the launch gave this block, in bytes: a kernel whose layout depends
+// on its arguments checks it (and traps) rather than write past it
+__device__ __forceinline__ u32 dynamic_smem_bytes() {
+#ifdef PARITY_EMULATOR
+    return (u32)emu::dynamic_smem_size();
+#else
+    u32 n;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
+    return n;
+#endif
+}
+
 // ---- bits --------------------------------------------------------------------------------
 
 __device__ __forceinline__ float bits_f32(u32 b) { return __uint_as_float(b); }

@@ -737,14 +737,8 @@ gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const flo
     constexpr int LEVEL = G::NMAT * 4 * MMA_THREADS;  // floats of one level of the counters
     float* tree = reinterpret_cast<float*>(&sh + 1) - G::LOG * LEVEL + tid;
     if (tid == 0) {  // the launch must give the counters' shared memory (lowering.py sizes it)
-        u32 dynamic;
-#ifdef PARITY_EMULATOR
-        dynamic = emu::dynamic_smem_size();
-#else
-        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic));
-#endif
-        if (dynamic < sizeof(MmaShared<QT, EPI>) + (31 - __clz(W) - G::LOG + 1) * LEVEL * 4)
-            __trap();
+        const u32 need = sizeof(MmaShared<QT, EPI>) + (31 - __clz(W) - G::LOG + 1) * LEVEL * 4;
+        if (dynamic_smem_bytes() < need) __trap();
     }
     fetch(0);
     for (int i = 0; i < stages; ++i) {
