@@ -27,7 +27,7 @@ def test_suite_covers_every_op_and_weight_type():
         assert {s.type for s in SUITE if s.op == op} == {t.name for t in WEIGHT_TYPES}
     quantized = {t.name for t in WEIGHT_TYPES if t.is_quantized}
     assert {s.type for s in SUITE if "q8x" in s.id} == quantized  # products of quantized x
-    assert {s.type for s in SUITE if s.op == "FUSION"} == {"Q4_1", "Q5_0", "Q4_K"}
+    assert {s.type for s in SUITE if s.op == "FUSION"} == {"Q4_1", "Q5_0", "Q4_K", "Q8_0"}
     cases = [s.build() for s in SUITE if s.op == "ATTENTION"]
     assert all(any(n.op is Op.KV_WRITE for n in c.graph) for c in cases)  # inside attention
     for op in ("MATMUL", "GET_ROWS"):

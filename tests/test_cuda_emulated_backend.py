@@ -61,21 +61,59 @@ def test_conformance_case_is_bit_exact_in_the_emulator(case) -> None:
     assert result.verdict == "exact", result.explain()
 
 
+# the lowering's switches that are off until a GPU has timed them, each with the cases of the
+# patterns it fuses and the kernel that then runs them
+SWITCHED = {
+    "NORM_AFTER_PRODUCT": ("-norm-", "gemv_q_norm<"),
+    "QKV_HEAD_NORMS": ("head-norms", ", 6>"),  # (gemv_q_multi's ROPE mode: neox + HEAD_NORM)
+    "GLU_IN_PRODUCT": ("fusion-geglu-", "gemv_q_q8<"),
+}
+DECODE_SWITCHES = ("NORM_AFTER_PRODUCT", "QKV_HEAD_NORMS", "GLU_IN_PRODUCT")
+
+
+@pytest.mark.parametrize("switch, case", [(name, c) for name, (part, _) in SWITCHED.items()
+                                          for c in CASES if part in c])  # fmt: skip
+def test_switched_fusions_are_bit_exact_in_the_emulator(switch, case, monkeypatch) -> None:
+    """The cases of each switch's patterns with it on: the norm after a product done by the
+    product's last block (and Gemma 3's ADD and norm of the sum after it), Gemma 3's head norms
+    and ROPEs by the q/k/v launch, gate, up and GEGLU as one gated product; bit for bit, and
+    the fused kernel launched."""
+    from cuda_emulator.backend import EmulatedDriver
+
+    from parity.backends.cuda import lowering
+    from parity.conformance.harness import judge
+
+    monkeypatch.setattr(lowering, switch, True)
+    launched: list[str] = []
+    launch = EmulatedDriver.launch
+    monkeypatch.setattr(EmulatedDriver, "launch", lambda self, made, stream: (
+        launched.append(self.library.kernel(made.fn)[1]), launch(self, made, stream)))  # fmt: skip
+    result = judge(_backend, CASES[case].build())
+    assert result.verdict == "exact", result.explain()
+    kernel = SWITCHED[switch][1]
+    assert any(kernel in name for name in launched), launched
+    for alone in {"NORM_AFTER_PRODUCT": ["rms_norm_f32"], "QKV_HEAD_NORMS": ["rope_f32<1>"],
+                  "GLU_IN_PRODUCT": ["glu_f32<1>"]}[switch]:  # fmt: skip
+        assert alone not in launched
+
+
 WIDE = {"head_dim": 256, "n_head": 4, "n_head_kv": 1}  # Gemma 3 270M's heads
 
 
-@pytest.mark.parametrize("arch, tiles, heads", [
-    ("llama", False, {}), ("llama", True, {}), ("qwen2", True, {}), ("gemma3", False, {}),
-    ("gemma3", True, WIDE),
+@pytest.mark.parametrize("arch, tiles, switched, heads", [
+    ("llama", False, False, {}), ("llama", True, False, {}), ("qwen2", True, True, {}),
+    ("gemma3", False, False, {}), ("gemma3", True, True, WIDE),
 ])  # fmt: skip
 def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
-    arch, tiles, heads, monkeypatch
+    arch, tiles, switched, heads, monkeypatch
 ):
     """A 40-token prefill (the int8 tensor-core GEMM; prefill attention a block a KV head's
     query heads, or with ``tiles`` a block a tile of tokens, as many as its rows hold) and two
-    decode steps (GEMV, flash decoding): every node of every step bit-identical to the cpu
-    oracle's, and the greedy tokens the same. ``heads``: the spec's head shape, if not the tiny
-    one's."""
+    decode steps (GEMV, flash decoding; with ``switched`` the decode fusions that wait for a
+    GPU's timing: the norms after the o and down products done by those products' last
+    blocks, and for Gemma 3 the head norms and ROPEs in the q/k/v launch and gate, up and
+    GEGLU as one product): every node of every step bit-identical to the cpu oracle's, and the
+    greedy tokens the same. ``heads``: the spec's head shape, if not the tiny one's."""
     from cuda_emulator.backend import EmulatedDriver
 
     from parity.arch.synthetic import synthetic_model, tiny_spec
@@ -94,6 +132,8 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     monkeypatch.setattr(EmulatedDriver, "launch", counted)
     monkeypatch.setattr(lowering, "PREFILL_TILES", tiles)
     monkeypatch.setattr(lowering, "TILE_BLOCKS", 1)  # (40 tokens: else a token a block)
+    for switch in DECODE_SWITCHES:
+        monkeypatch.setattr(lowering, switch, switched)
     spec, weights = synthetic_model(tiny_spec(arch, n_ctx_train=1024, **heads), seed=5)
     prompt = [(7 * i) % 500 + 1 for i in range(40)]
     report = compare_steps(arch, spec, weights, prompt, 3, lambda: CpuBackend(Device("cpu")),
@@ -101,21 +141,33 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     assert report.violation is None and report.first_divergent is None
     assert report.identical_share == 1.0 and report.tokens_agree == 3
     prefill = "attention_tiles" if tiles else "attention_rows_gqa"
-    for kernel in ("gemm_mma", prefill, "gemv_q_multi", "attention_chunks"):
+    kernels = ["gemm_mma", prefill, "gemv_q_multi", "attention_chunks"]
+    for kernel in kernels + ["gemv_q_norm"] * switched:
         assert launched[kernel] > 0, launched
+    assert switched or not launched["gemv_q_norm"]
+    if switched and arch == "gemma3":  # ROPEs and GEGLU launched alone by the prefill only
+        assert launched["rope_f32"] == launched["glu_f32"] == spec.n_layer, launched
 
 
 @pytest.mark.parametrize("reverse", [False, True])
-def test_gemma3_norms_wider_than_a_block_are_bit_exact_in_the_emulator(reverse) -> None:
+@pytest.mark.parametrize("switched", [False, True])
+def test_gemma3_norms_wider_than_a_block_are_bit_exact_in_the_emulator(
+    reverse, switched, monkeypatch
+) -> None:
     """Gemma 3 1B's width, 1152: wider than a norm block's 1024 threads, so each thread takes
-    two columns of the chained norms (rows.cu) and the block's tree spans barriers. Every node
-    of a prefill and a decode step bit-identical to the oracle's, the block's threads resumed
-    first to last and last to first (a missing barrier shows in one order or the other)."""
+    two columns of the chained norms (rows.cu), or with the decode switches sixteen (the
+    products' last blocks of 128, which also norm the heads), and the block's tree spans
+    barriers. Every node of a prefill and a decode step bit-identical to the oracle's, the
+    block's threads resumed first to last and last to first (a missing barrier shows in one
+    order or the other)."""
     from parity.arch.synthetic import synthetic_model, tiny_spec
     from parity.backends.cpu.backend import CpuBackend
+    from parity.backends.cuda import lowering
     from parity.conformance.compare_steps import compare_steps
     from parity.core.backend import Device
 
+    for switch in DECODE_SWITCHES:
+        monkeypatch.setattr(lowering, switch, switched)
     spec, weights = synthetic_model(tiny_spec("gemma3", n_ctx_train=512, n_embd=1152,
                                               n_layer=1), seed=6)  # fmt: skip
     oracle = partial(CpuBackend, Device("cpu"))

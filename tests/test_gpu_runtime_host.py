@@ -132,6 +132,11 @@ KERNELS = [
     ("matmul.cu", "gemv_q_multi<3, 3, 1, 0, 1, 1>"),
     ("matmul.cu", "gemv_q_multi<3, 3, 8, 0, 2, 0>"),
     ("matmul.cu", "gemv_q_q8<12, 1, 4, 1>"),
+    ("matmul.cu", "gemv_q_norm<3, 1, 2, 1>"),
+    ("matmul.cu", "gemv_q_norm<12, 8, 0, 4>"),
+    ("matmul.cu", "gemv_q_q8<8, 1, 8, 1>"),
+    ("matmul.cu", "gemv_q_multi<8, 8, 1, 0, 1, 6>"),
+    ("matmul.cu", "gemv_q_multi<8, 8, 4, 0, 1, 5>"),
     ("matmul.cu", "gemv_f<1, 1, 2>"),
     ("matmul.cu", "gemm_q<14, 10, 1>"),
     ("matmul.cu", "gemm_q<12, 6, 4>"),
@@ -460,6 +465,94 @@ def test_gemma3_decode_step_launches():
     assert names.count("rms_norm_f32") == 3 * spec.n_layer + 1
     assert names.count("glu_f32<1>") == spec.n_layer
     assert not {"quantize_q8", "binary_f32<0>"} & set(names)
+
+
+@pytest.mark.parametrize("name, per_layer", [("smollm2-135m", 5), ("qwen2.5-coder-0.5b", 5),
+                                             ("gemma3", 8)])  # fmt: skip
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_norm_after_product_takes_the_norms_launches(name, per_layer, tokens, monkeypatch):
+    """With NORM_AFTER_PRODUCT, a decode step's norms after the o and down products (and for
+    Gemma 3 the ADD and the norm of the sum that follow each) are those products' last
+    blocks' work (gemv_q_norm): two launches fewer a layer (SmolLM2 and Qwen 7 -> 5, Gemma 3
+    10 -> 8, attention's second launch aside), the output norm the last layer's when it reads
+    that layer's output, and one ticket for them all. Only the first layer's first norm (after
+    the embedding) and Gemma 3's head norms keep rms_norm_f32."""
+    from parity.arch.params import GraphParams
+    from parity.backends.cuda import lowering as lowering_mod
+    from parity.core.ir import Op
+
+    monkeypatch.setattr(lowering_mod, "NORM_AFTER_PRODUCT", True)
+    params = GraphParams(n_tokens=tokens, n_ctx=1024, output="argmax" if tokens == 1 else "logits")
+    if name == "gemma3":
+        from parity.arch.synthetic import synthetic_model, tiny_spec
+
+        model, _ = synthetic_model(tiny_spec("gemma3", n_ctx_train=2048), seed=1)
+        views = lambda graph: frozenset(  # noqa: E731
+            i for i, n in enumerate(graph.nodes) if n.op is Op.RESHAPE
+        )
+    else:
+        model, views = _twin_spec(name), lambda graph: frozenset()  # fmt: skip
+    spec, _, lowering, lowered, nodes = _lower(model, params, views)
+    assert lowering.done == set(nodes)
+    names = [launch.name for _, (launch, *_) in lowered.launches if hasattr(launch, "name")]
+    sums = sum(n.startswith("attention_sums") for n in names)
+    # the step's own: embedding rows (and Gemma's scale), the first norm, the head, and argmax;
+    # or with logits of several tokens, the output norm of the last token's row (a slice of
+    # the last layer's output, so no product's) where argmax was
+    own = 5 if name == "gemma3" else 4
+    assert len(names) == per_layer * spec.n_layer + sums + own, names[:16]
+    sliced = tokens > 1  # (Gemma 3's last down still norms: its norm after the FFN, the ADD)
+    alone = sliced and name != "gemma3"
+    assert sum(n.startswith("gemv_q_norm") for n in names) == 2 * spec.n_layer - alone
+    head_norms = spec.n_layer if name == "gemma3" else 0
+    assert names.count("rms_norm_f32") == head_norms + 1 + sliced
+    assert "norm_ticket" in lowering._shared
+    norms = [launch for _, (launch, *_) in lowered.launches
+             if getattr(launch, "name", "").startswith("gemv_q_norm")]  # fmt: skip
+    for launch in norms:  # a job that quantizes gets its row of shared memory
+        job = launch.args[-2]
+        assert launch.shared == (spec.n_embd * 4 if job.q or job.q2 else 0)
+    assert norms[0].shared  # (the first: the norm before the FFN, quantized for gate/up)
+
+
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_gemma3_decode_step_with_every_decode_switch_takes_five_launches_a_layer(
+    tokens, monkeypatch
+):
+    """With NORM_AFTER_PRODUCT, QKV_HEAD_NORMS and GLU_IN_PRODUCT a Gemma 3 layer's decode step
+    is 5 launches (6 with attention's second), as SmolLM2's and Qwen's: q/k/v with the head
+    norms, ROPEs and cache writes; attention; o with the norm after it, the ADD and the norm
+    before the FFN; gate, up, GEGLU and its quantization; down with the norm after it, the ADD
+    and the next layer's first norm. rms_norm_f32 runs once, after the embedding (and for
+    logits of several tokens, the output norm of the last one's row); no ROPE or GLU launch."""
+    from parity.arch.params import GraphParams
+    from parity.arch.synthetic import synthetic_model, tiny_spec
+    from parity.backends.cuda import lowering as lowering_mod
+    from parity.core.ir import Op
+
+    for switch in ("NORM_AFTER_PRODUCT", "QKV_HEAD_NORMS", "GLU_IN_PRODUCT"):
+        monkeypatch.setattr(lowering_mod, switch, True)
+    output = "argmax" if tokens == 1 else "logits"
+    params = GraphParams(n_tokens=tokens, n_ctx=1024, output=output)
+    spec, _ = synthetic_model(tiny_spec("gemma3", n_ctx_train=2048, head_dim=256, n_head=4,
+                                        n_head_kv=1), seed=1)  # fmt: skip
+    _, _, lowering, lowered, nodes = _lower(
+        spec, params, lambda graph: frozenset(
+            i for i, n in enumerate(graph.nodes) if n.op is Op.RESHAPE)
+    )  # fmt: skip
+    assert lowering.done == set(nodes)
+    names = [launch.name for _, (launch, *_) in lowered.launches if hasattr(launch, "name")]
+    sums = names.count("attention_sums<256>")  # (heads of 256, flash decoding: always)
+    assert sums == (spec.n_layer if tokens == 1 else 0)  # (7 tokens: prefill's attention)
+    assert len(names) == 5 * spec.n_layer + sums + 5, names[:14]
+    assert sum(n.endswith(", 6>") and n.startswith("gemv_q_multi") for n in names) == spec.n_layer
+    assert sum(n.startswith("gemv_q_q8<") and ", 8, " in n for n in names) == spec.n_layer
+    assert names.count("rms_norm_f32") == 1 + (tokens > 1)
+    assert not any(n.startswith(("rope_f32", "glu_f32")) for n in names)
+    multi = [launch for _, (launch, *_) in lowered.launches
+             if getattr(launch, "name", "").startswith("gemv_q_multi")]  # fmt: skip
+    rope = multi[0].args[-1]  # the heads' tickets, shared by the layers' launches
+    assert rope.heads0 == 4 and rope.tickets and "head_tickets" in lowering._shared
 
 
 @pytest.mark.parametrize(

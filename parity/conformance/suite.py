@@ -297,6 +297,38 @@ def _unfused_ffn(dtype: DType, e: int, f: int, t: int, eps: float):
     return make
 
 
+def _unfused_product_norm(dtype: DType, e: int, k: int, t: int, eps: float, chained: bool):
+    """A product, the residual ADD and the norm before the next product, as a decoder writes
+    them (o or down, then the next block's norm), its output read by that product; with
+    ``chained``, Gemma 3's: the product normed first, that norm added to the residual."""
+
+    def make(g: _Builder) -> tuple[Ref, ...]:
+        x = g.input("x", activations(g.rng, (t, k)))
+        r = g.input("r", activations(g.rng, (t, e), scale=3))
+        p = g.op(Op.MATMUL, x, g.weight("w", dtype, (e, k)))
+        if chained:
+            p = g.op(Op.MUL, g.op(Op.RMS_NORM, p, arg=eps), g.weight("post", F32, (e,)))
+        h = g.op(Op.ADD, r, p)
+        n = g.op(Op.MUL, g.op(Op.RMS_NORM, h, arg=eps), g.weight("norm", F32, (e,)))
+        return h, n, g.op(Op.MATMUL, n, g.weight("next", dtype, (48, e)))
+
+    return make
+
+
+def _unfused_geglu(dtype: DType, e: int, f: int, t: int):
+    """Gemma 3's FFN products as a decoder writes them: gate and up of one x, their GEGLU,
+    read by the down product."""
+
+    def make(g: _Builder) -> tuple[Ref, ...]:
+        x = g.input("x", activations(g.rng, (t, e)))
+        gate = g.op(Op.MATMUL, x, g.weight("gate", dtype, (f, e)))
+        up = g.op(Op.MATMUL, x, g.weight("up", dtype, (f, e)))
+        act = g.op(Op.GEGLU, gate, up)
+        return gate, up, act, g.op(Op.MATMUL, act, g.weight("down", dtype, (e, f)))
+
+    return make
+
+
 def _unfused_qkv(dtype: DType, e: int, q: int, kv: int, t: int):
     """Three products of one x (q, k, v): one activation quantization can serve all three."""
 
@@ -326,12 +358,13 @@ def _unfused_attention_out(
 
 def _unfused_attention_block(
     dtype: DType, e: int, heads: tuple[int, int, int], mode: str, bias: bool, start: int,
-    t: int, n_ctx: int, eps: float,
+    t: int, n_ctx: int, eps: float, head_norms: bool = False,
 ):  # fmt: skip
     """A decoder's attention block up to the attention as the graph builder writes it: the norm
-    and its weight, q/k/v (with biases), the ROPEs of q and k, the cache writes of k and v, then
-    attention over caches with history. A backend may launch the products with their ROPEs and
-    cache writes."""
+    and its weight, q/k/v (with biases), the ROPEs of q and k (with ``head_norms``, Gemma 3's
+    norm of each head of q and k before them: RESHAPE to heads, the norm and its weight,
+    RESHAPE back), the cache writes of k and v, then attention over caches with history. A
+    backend may launch the products with their ROPEs and cache writes (and head norms)."""
     n_head, n_kv, head_dim = heads
 
     def make(g: _Builder) -> Ref:
@@ -347,6 +380,15 @@ def _unfused_attention_block(
         q = project("q", n_head * head_dim)
         k = project("k", n_kv * head_dim)
         v = project("v", n_kv * head_dim)
+        if head_norms:
+
+            def norm_heads(x: Ref, name: str, n: int) -> Ref:
+                w = g.weight(f"{name}.norm", F32, (head_dim,))
+                rows = g.op(Op.RESHAPE, x, arg=(t * n, head_dim))
+                normed = g.op(Op.MUL, g.op(Op.RMS_NORM, rows, arg=eps), w)
+                return g.op(Op.RESHAPE, normed, arg=(t, n * head_dim))
+
+            q, k = norm_heads(q, "q", n_head), norm_heads(k, "k", n_kv)
         caches = []
         for name in ("k", "v"):
             cache = np.full((n_ctx, n_kv * head_dim), SENTINEL, np.float32)
@@ -663,4 +705,26 @@ def fused_suite() -> list[CaseSpec]:
     # thread), not a power of two, before the products of a decode step
     wide = _unfused_ffn(DType.Q4_K, 1536, 256, 1, qwen.rms_eps)
     add("fusion-ffn-Q4_K-1536x256-t1", Op.ADD, DType.Q4_K, wide, rewrite=True)
+    # a product, its residual and the next block's norm (a GPU backend may norm in the
+    # product's last block), and Gemma 3's chain of norm, ADD and norm, 1,152 wide (Gemma 3
+    # 1B's width: runs of 16 squares in a block of 128 threads)
+    for dtype, e, k, t, chained in ((DType.Q4_1, 576, 1536, 1, False),
+                                    (DType.Q5_0, 896, 896, 7, False),
+                                    (DType.Q8_0, 1152, 640, 1, True),
+                                    (DType.Q8_0, 1152, 640, 3, True)):  # fmt: skip
+        kind = "chained-norm" if chained else "residual-norm"
+        add(f"fusion-{kind}-{dtype.name}-{e}x{k}-t{t}", Op.ADD, dtype,
+            _unfused_product_norm(dtype, e, k, t, smollm.rms_eps, chained),
+            rewrite=True)  # fmt: skip
+    # Gemma 3's attention block: heads of 256 normed before their ROPEs (a GPU backend may
+    # norm and rotate them in the q/k/v launch)
+    for t in (1, 3):
+        add(f"fusion-attention-block-Q8_0-640-neox-head-norms-p40-t{t}", Op.ATTENTION,
+            DType.Q8_0, _unfused_attention_block(DType.Q8_0, 640, (4, 1, 256), "neox", False,
+                                                 40, t, 256, smollm.rms_eps, head_norms=True),
+            rewrite=True)  # fmt: skip
+    # Gemma 3's gate, up and GEGLU before down (a GPU backend may run them as one product)
+    for t in (1, 3):
+        add(f"fusion-geglu-Q8_0-640x512-t{t}", Op.GEGLU, DType.Q8_0,
+            _unfused_geglu(DType.Q8_0, 640, 512, t), rewrite=True)  # fmt: skip
     return specs

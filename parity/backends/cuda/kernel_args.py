@@ -82,7 +82,8 @@ class GemvSegsArg(ctypes.Structure):
 
 
 class RopeSegsArg(ctypes.Structure):
-    """``struct RopeSegs`` of matmul.cu: the ROPEs and KV_WRITEs a q/k/v launch does too."""
+    """``struct RopeSegs`` of matmul.cu: the ROPEs and KV_WRITEs a q/k/v launch does too (and
+    with HEAD_NORM the head norms before them)."""
 
     _fields_ = [
         ("out", ctypes.c_void_p * 2),
@@ -90,6 +91,11 @@ class RopeSegsArg(ctypes.Structure):
         ("positions", ctypes.c_void_p),
         ("cos_t", ctypes.c_void_p),
         ("sin_t", ctypes.c_void_p),
+        ("normed", ctypes.c_void_p * 2),
+        ("norm_w", ctypes.c_void_p * 2),
+        ("tickets", ctypes.c_void_p),
+        ("eps", ctypes.c_float * 2),
+        ("heads0", ctypes.c_int),
         ("head_dim", ctypes.c_int),
         ("n_rot", ctypes.c_int),
     ]

@@ -12,7 +12,14 @@ Launch-level fusions (same operations, same bits as the nodes one by one):
 - a norm read only by an ADD (Gemma 3's norms after attention and FFN): the norm kernel also
   writes the sum, and the norm of that sum after it (with its QUANTIZE) is the same launch's;
   two norms of one width and eps (Gemma 3's q and k head norms): one launch;
-- SWIGLU or GEGLU then QUANTIZE of it: the GLU kernel also writes the Q8A value.
+- SWIGLU or GEGLU then QUANTIZE of it: the GLU kernel also writes the Q8A value;
+- with NORM_AFTER_PRODUCT, a decode product then the norm of its output (and what the norm
+  kernel would do with it: its QUANTIZE, the ADD and the norm of the sum): the product's last
+  block computes the norm;
+- with QKV_HEAD_NORMS, Gemma 3's q and k head norms before their ROPEs: the q/k/v launch's
+  last block of each head norms it, then rotates it;
+- with GLU_IN_PRODUCT, a decode step's gate and up products, the GEGLU (or SWIGLU) of them and
+  its QUANTIZE: one gated GEMV (the products' values written too).
 
 Every node's value is still written to its own buffer (the runtime may read any of them back),
 so a fusion only saves a launch and a pass over memory.
@@ -29,6 +36,7 @@ import attrs
 from parity.backends.cuda.kernel_args import (
     AttnArg,
     GemvSegsArg,
+    NormJobArg,
     NormRowsArg,
     Q8Arg,
     RopeArg,
@@ -50,9 +58,19 @@ MMA_THREADS = 256  # its threads
 MMA_WSTRIDE = 80  # words of a row of its unpacked quants
 MMA_BLOCK_PAIRS = 10  # (d, s) pairs a token's row of activation blocks takes (MmaGeom::DS)
 ATTENTION_DIMS = (64, 128, 256)
-EPI_BIAS, EPI_RESIDUAL, EPI_SWIGLU = 1, 2, 4
+EPI_BIAS, EPI_RESIDUAL, EPI_SWIGLU, EPI_GEGLU = 1, 2, 4, 8
 FLOAT_WEIGHTS = (DType.F32, DType.F16, DType.BF16)
-NORM_THREADS = 1024  # rows.cu's
+NORM_THREADS = 1024  # norm.cuh's
+# a decode product's output normed by its last block (matmul.cu's gemv_q_norm), not by a launch
+# of its own: bit-exact in the CPU emulator (tests), not yet timed on a GPU, so not the default
+NORM_AFTER_PRODUCT = False
+# Gemma 3's q and k head norms and their ROPEs done by the q/k/v launch, each head's last block
+# norming the head (matmul.cu's HEAD_NORM): bit-exact in the CPU emulator, not yet timed
+QKV_HEAD_NORMS = False
+# ... and its gate and up products with their GEGLU and its QUANTIZE: one gated GEMV launch
+GLU_IN_PRODUCT = False
+HEAD_NORM = 4  # matmul.cu's: added to a q/k/v launch's ROPE mode
+GEMV_NORM_WIDTH_MAX = 32 * GEMV_WARPS * 256  # ... of rows up to this wide (norm.cuh's NORM_MAXL)
 SPLIT_TOKENS = 4  # flash decoding for at most this many tokens
 GQA_HEADS_MAX = 8  # prefill attention takes up to this many query heads of a KV head a block
 GQA_WIDTH_MAX = 1024  # ... whose q and sums (heads x head_dim floats, twice) fit shared memory
@@ -335,47 +353,68 @@ class Lowering:
 
     def _launch_norm(self, jobs: list[tuple[int, int | None, int | None]]) -> None:
         """One rms_norm_f32 launch of one or two norms (node, weight, QUANTIZE or None) of one
-        width; a norm read only by an ADD also writes its sum, and the norm of the sum that
-        follows (with its QUANTIZE) is computed by the same blocks. No job reads what another
-        block of the launch writes: ``written``."""
-        nodes = self.graph.nodes
+        width (``_norm_job``). No job reads what another block of the launch writes:
+        ``written``."""
         a = NormRowsArg()
-        a.width = nodes[jobs[0][0]].shape[1]
-        quantized = False
+        a.width = self.graph.nodes[jobs[0][0]].shape[1]
         written = {i for i, _, _ in jobs}
+        quantized = False
         for slot, (i, w, qn) in zip("ab", jobs, strict=False):
-            node = nodes[i]
-            job = getattr(a, slot)
-            job.y, job.x = self._ptr(i).value, self._ptr(node.src[0]).value
-            job.w = None if w is None else self._ptr(w).value
-            job.eps, job.rows = float(node.arg), node.shape[0]
-            if qn is not None:
-                job.q, job.qd, job.qs = (p.data_ptr() for p in self._q8_parts(qn))
-                self.done.add(qn)
-                quantized = True
-            add = self._norm_add(i, written) if qn is None else None
-            if add is None:
-                continue
-            res = next(s for s in nodes[add].src if s != i)
-            job.sum, job.res = self._ptr(add).value, self._ptr(res).value
-            self.done.add(add)
-            written.add(add)
-            then = self._norm_of(add)
-            if then is not None:
-                job.y2, job.eps2 = self._ptr(then).value, float(nodes[then].arg)
-                w2 = self._norm_weight(then)
-                job.w2 = None if w2 is None else self._ptr(w2).value
-                q2 = self._fused_reader(
-                    [u for u in self.readers.get(then, []) if u in self.inside], Op.QUANTIZE
-                )
-                if q2 is not None:
-                    job.q2, job.qd2, job.qs2 = (p.data_ptr() for p in self._q8_parts(q2))
-                    self.done.add(q2)
-                    quantized = True
-                self.done.add(then)
-                written.add(then)
+            quantized |= self._norm_job(getattr(a, slot), i, w, qn, written)
         self._launch("rows.cu", "rms_norm_f32", (a.a.rows + a.b.rows, 1, 1),
                      (NORM_THREADS, 1, 1), [a], a.width * 4 if quantized else 0)  # fmt: skip
+
+    def _norm_job(self, job: NormJobArg, i: int, w: int | None, qn: int | None,
+                  written: set[int]) -> bool:  # fmt: skip
+        """Fill ``job`` (norm.cuh's NormJob) for norm ``i`` with weight ``w`` and its QUANTIZE
+        ``qn``; a norm read only by an ADD also writes its sum, and the norm of the sum that
+        follows (with its QUANTIZE) is the same job's. Marks what it computes done; True when
+        it quantizes (the kernel's row of shared memory)."""
+        nodes = self.graph.nodes
+        node = nodes[i]
+        job.y, job.x = self._ptr(i).value, self._ptr(node.src[0]).value
+        job.w = None if w is None else self._ptr(w).value
+        job.eps, job.rows = float(node.arg), node.shape[0]
+        quantized = qn is not None
+        if qn is not None:
+            job.q, job.qd, job.qs = (p.data_ptr() for p in self._q8_parts(qn))
+            self.done.add(qn)
+        add = self._norm_add(i, written) if qn is None else None
+        if add is None:
+            return quantized
+        res = next(s for s in nodes[add].src if s != i)
+        job.sum, job.res = self._ptr(add).value, self._ptr(res).value
+        self.done.add(add)
+        written.add(add)
+        then = self._norm_of(add)
+        if then is not None:
+            job.y2, job.eps2 = self._ptr(then).value, float(nodes[then].arg)
+            w2 = self._norm_weight(then)
+            job.w2 = None if w2 is None else self._ptr(w2).value
+            q2 = self._fused_reader(
+                [u for u in self.readers.get(then, []) if u in self.inside], Op.QUANTIZE
+            )
+            if q2 is not None:
+                job.q2, job.qd2, job.qs2 = (p.data_ptr() for p in self._q8_parts(q2))
+                self.done.add(q2)
+                quantized = True
+            self.done.add(then)
+            written.add(then)
+        return quantized
+
+    def _norm_after(self, i: int) -> tuple[NormJobArg, bool] | None:
+        """With NORM_AFTER_PRODUCT, the job of the norm that reads product ``i``'s output (a
+        decode GEMV's), for the product's last block to do (matmul.cu's gemv_q_norm), and
+        whether it quantizes; None when there is none or the block cannot hold its tree."""
+        norm = self._norm_of(i) if NORM_AFTER_PRODUCT else None
+        if norm is None or next_pow2(self.graph.nodes[i].shape[1]) > GEMV_NORM_WIDTH_MAX:
+            return None
+        follow = [u for u in self.readers.get(norm, []) if u in self.inside and u not in self.done]
+        job = NormJobArg()
+        quantized = self._norm_job(job, norm, self._norm_weight(norm),
+                                   self._fused_reader(follow, Op.QUANTIZE), {norm})  # fmt: skip
+        self.done.add(norm)
+        return job, quantized
 
     def _norm_of(self, i: int) -> int | None:
         """A norm of the split still to launch whose x is ``i`` (a sum the norm kernel writes),
@@ -589,10 +628,14 @@ class Lowering:
         res: int | None,
         shape: tuple[int, int],
         q8: int | None = None,
+        node: int | None = None,
+        glu: tuple[int, int, int] | None = None,
     ) -> bool:
         """``out`` = x W^T (with the bias, the residual, or SWIGLU of two products). With
         ``q8`` (a QUANTIZE of the product) its value is written too where the kernel can: True
-        when it did."""
+        when it did. ``node``: the product's, whose norm a decode GEMV may do too
+        (``_norm_after``). ``glu``: (epilogue, gate node, up node) of two products and the
+        GLU that reads them (``_glu_of``), the products' values written too."""
         x = self.graph.nodes[x_id]
         w = self.graph.nodes[weights[0]]
         t, n = shape
@@ -600,7 +643,7 @@ class Lowering:
         epi = (EPI_BIAS if bias is not None else 0) | (EPI_RESIDUAL if res is not None else 0)
         w2 = weights[1] if len(weights) == 2 else None
         if w2 is not None:
-            epi = EPI_SWIGLU
+            epi = EPI_SWIGLU if glu is None else glu[0]
         row_bytes = w.dtype.nbytes(k)
         common = [self._ptr(weights[0]),
                   ctypes.c_void_p(None) if w2 is None else self._ptr(w2),
@@ -643,14 +686,23 @@ class Lowering:
                 tickets = self.new_scratch(DType.I32, (n // 32,))
                 self.out.scratch.append(tickets)
                 oq, od, os_ = self._q8_parts(q8)
+                raw = [pointer(None)] * 2 if glu is None else [self._ptr(j) for j in glu[1:]]
                 self._launch("matmul.cu", f"gemv_q_q8<{kind}>", grid, block,
                              [pointer(out), xq, *common, pointer(oq), pointer(od), pointer(os_),
-                              pointer(tickets)])  # fmt: skip
+                              pointer(tickets), *raw])  # fmt: skip
                 return True
+            after = None if node is None else self._norm_after(node)
+            if after is not None:
+                job, quantized = after
+                ticket = self._shared_scratch("norm_ticket", DType.I32, 1)  # zero between
+                self._launch("matmul.cu", f"gemv_q_norm<{kind}>", grid, block,
+                             [pointer(out), xq, *common, job, pointer(ticket)],
+                             n * 4 if quantized else 0)  # fmt: skip
+                return False
             self._launch("matmul.cu", f"gemv_q<{kind}>", grid, block,
                          [pointer(out), xq, *common])  # fmt: skip
             return False
-        gated = bool(epi & EPI_SWIGLU)
+        gated = bool(epi & (EPI_SWIGLU | EPI_GEGLU))
         shared = gemm_mma_shared(w.dtype, gated, k)
         if shared is not None:  # the tensor-core GEMM
             self._launch("matmul.cu", f"gemm_mma<{w.dtype.value}, {epi}>",
@@ -667,12 +719,51 @@ class Lowering:
         return False
 
     def _matmul(self, i, node, follow):
+        glu = self._glu_of(i, node)
+        if glu is not None:  # the gate and up products and their GLU (Gemma 3's GEGLU)
+            g, gate, up, qn = glu
+            nodes = self.graph.nodes
+            epi = EPI_GEGLU if nodes[g].op is Op.GEGLU else EPI_SWIGLU
+            weights = (nodes[gate].src[1], nodes[up].src[1])
+            self._product(self.values[g], node.src[0], weights, None, None, node.shape, qn,
+                          glu=(epi, gate, up))  # fmt: skip
+            self.done.update((gate, up, g, qn))
+            return
         bias = node.src[2] if len(node.src) == 3 else None
         group = [i, *self._siblings(i, node)]
         if len(group) > 1:
             self._products(group)
             return
-        self._product(self.values[i], node.src[0], (node.src[1],), bias, None, node.shape)
+        self._product(self.values[i], node.src[0], (node.src[1],), bias, None, node.shape,
+                      node=i)  # fmt: skip
+
+    def _glu_of(self, i: int, node: Node) -> tuple[int, int, int, int] | None:
+        """With GLU_IN_PRODUCT, for a decode product ``i``: the GEGLU or SWIGLU that reads it as
+        its gate or up, the other product of the same Q8A x with a weight of the same quantized
+        type and shape (no biases), and the QUANTIZE of the GLU: (GLU, gate, up, QUANTIZE) for
+        one gemv_q_q8 launch, whose epilogue is the GLU; else None."""
+        nodes = self.graph.nodes
+        x = node.src[0]
+        if (not GLU_IN_PRODUCT or len(node.src) != 2 or node.shape[0] > GEMV_TOKENS[-1]
+                or node.shape[1] % 32 or nodes[x].dtype is not DType.Q8A):  # fmt: skip
+            return None
+        glus = [u for u in self.readers.get(i, []) if u in self.inside and u not in self.done
+                and nodes[u].op in (Op.GEGLU, Op.SWIGLU)]  # fmt: skip
+        if len(glus) != 1:
+            return None
+        gate, up = nodes[glus[0]].src
+        other = up if i == gate else gate
+        if gate == up or other in self.done or other not in self.inside:
+            return None
+        o = nodes[other]
+        if o.op is not Op.MATMUL or len(o.src) != 2 or o.src[0] != x:
+            return None
+        wg, wu = nodes[nodes[gate].src[1]], nodes[nodes[up].src[1]]
+        if (wg.dtype, wg.shape) != (wu.dtype, wu.shape) or wg.dtype in FLOAT_WEIGHTS:
+            return None
+        follow = [u for u in self.readers.get(glus[0], []) if u in self.inside]
+        qn = self._fused_reader([u for u in follow if u not in self.done], Op.QUANTIZE)
+        return None if qn is None else (glus[0], gate, up, qn)
 
     def _siblings(self, i: int, node: Node) -> list[int]:
         """Other products of the split that read this product's Q8A x with weights of its
@@ -744,14 +835,21 @@ class Lowering:
             inside = [u for u in self.readers.get(i, []) if u in self.inside]
             return inside[0] if len(inside) == 1 else None
 
-        ropes = [None if i is None else only_reader(i) for i in slots[:2]]
-        if rows % 2 or None in ropes:
+        heads = [None if i is None else self._head_norm(i) for i in slots[:2]]
+        normed = QKV_HEAD_NORMS and None not in heads
+        if normed:  # the ROPEs read the head norms: HEAD_NORM
+            ropes = [only_reader(chain[2]) for chain in heads]
+        else:
+            ropes = [None if i is None else only_reader(i) for i in slots[:2]]
+        if (rows % 2 and not normed) or None in ropes:
             return 0, NO_ROPE
         r0, r1 = (nodes[r] for r in ropes)  # (a ROPE reads a product only as its rows)
         if (r0.op, r1.op) != (Op.ROPE, Op.ROPE) or r0.src[1:] != r1.src[1:]:
             return 0, NO_ROPE
         arg = r0.arg
         if attrs.evolve(r1.arg, n_head=arg.n_head) != arg or arg.n_rot % 2:
+            return 0, NO_ROPE
+        if normed and any(nodes[chain[1]].shape[1] != arg.head_dim for chain in heads):
             return 0, NO_ROPE
         positions = r0.src[1]
 
@@ -774,14 +872,50 @@ class Lowering:
                 a.cache[j] = self._ptr(nodes[kv].src[0]).value
         a.positions, a.cos_t, a.sin_t = (self._ptr(s).value for s in r0.src[1:])
         a.head_dim, a.n_rot = arg.head_dim, arg.n_rot
+        mode = 2 if arg.mode == "neox" else 1
+        if normed:
+            counts = [nodes[i].shape[1] // arg.head_dim for i in slots[:2]]
+            a.heads0 = counts[0]
+            a.tickets = self._shared_scratch("head_tickets", DType.I32, sum(counts)).data_ptr()
+            for j, (_, norm, _) in enumerate(heads):
+                a.normed[j] = self._ptr(norm).value
+                w = self._norm_weight(norm)
+                a.norm_w[j] = None if w is None else self._ptr(w).value
+                a.eps[j] = float(nodes[norm].arg)
+                self.done.update(heads[j])
+            mode |= HEAD_NORM
         self.done.update(ropes)
         self.done.update(kv for kv in kvs if kv is not None)
-        return (2 if arg.mode == "neox" else 1), a
+        return mode, a
+
+    def _head_norm(self, i: int) -> tuple[int, int, int] | None:
+        """Product ``i``'s head norm, Gemma 3's q or k norm: its only reader a RESHAPE to
+        (tokens x heads, head_dim) that is a view, normed (RMS_NORM[_MUL], its weight ready),
+        reshaped back by a view, each the only reader of the one before: (the RESHAPE, the norm,
+        the RESHAPE back), whose reader may be a ROPE."""
+        nodes = self.graph.nodes
+
+        def only(j: int, op: tuple[Op, ...]) -> int | None:
+            inside = [u for u in self.readers.get(j, []) if u in self.inside]
+            if len(inside) != 1 or inside[0] in self.done or nodes[inside[0]].op not in op:
+                return None
+            return inside[0] if nodes[inside[0]].src[0] == j else None
+
+        to_heads = only(i, (Op.RESHAPE,))
+        norm = None if to_heads is None else only(to_heads, (Op.RMS_NORM, Op.RMS_NORM_MUL))
+        back = None if norm is None else only(norm, (Op.RESHAPE,))
+        if back is None or not {to_heads, back} <= self.views:
+            return None
+        if nodes[back].shape != nodes[i].shape or not all(
+            self._ready(s) for s in nodes[norm].src[1:]
+        ):
+            return None
+        return to_heads, norm, back
 
     def _matmul_add(self, i, node, follow):
         bias = node.src[2] if len(node.src) == 4 else None
         self._product(self.values[i], node.src[0], (node.src[1],), bias, node.src[-1],
-                      node.shape)  # fmt: skip
+                      node.shape, node=i)  # fmt: skip
 
     def _matmul_swiglu(self, i, node, follow):
         x, gate, up = node.src

@@ -1,6 +1,7 @@
 // MATMUL y = x W^T (docs/numerics.md, "MATMUL"), with the epilogues of the fused ops: bias
 // (its own rounding), residual (MATMUL_ADD: fl(r + y) after the product's TREE) and SWIGLU
-// (MATMUL_SWIGLU: both products' TREEs in full, then fl(silu(g) * u)).
+// (MATMUL_SWIGLU: both products' TREEs in full, then fl(silu(g) * u)), or GEGLU (the gate and
+// up products and the GEGLU that reads them, Gemma 3's: fl(gelu(g) * u)).
 //
 // Quantized W: per output (t, n) and sub-block s, isum_s is an exact int32 dot product of the
 // weight's quants with x's Q8 quants (__dp4a: integer sums are exact in any order), then
@@ -14,9 +15,11 @@
 // gemm: a block computes a tile of tokens x rows (prefill); each thread keeps its outputs'
 //   TREEs as binary counters in registers while the sub-blocks stream through shared memory.
 #include "common.cuh"
+#include "norm.cuh"
 #include "quant.cuh"
 
-enum { EPI_BIAS = 1, EPI_RESIDUAL = 2, EPI_SWIGLU = 4 };
+enum { EPI_BIAS = 1, EPI_RESIDUAL = 2, EPI_SWIGLU = 4, EPI_GEGLU = 8 };
+#define EPI_GATED (EPI_SWIGLU | EPI_GEGLU)  // two matrices, y = act(x Wg^T) * (x Wu^T)
 
 struct Q8 {  // a Q8A value on the device: quants (T, K), and per 32-block d and s (T, K/32)
     const i8* q;
@@ -46,6 +49,7 @@ template <int EPI>
 __device__ __forceinline__ float epilogue(float y, float y2, const float* bias, const float* res,
                                           int t, int n, int N) {
     if (EPI & EPI_SWIGLU) return __fmul_rn(p_silu(y), y2);
+    if (EPI & EPI_GEGLU) return __fmul_rn(p_gelu(y), y2);
     if (EPI & EPI_BIAS) y = __fadd_rn(y, bias[n]);
     if (EPI & EPI_RESIDUAL) y = __fadd_rn(res[(i64)t * N + n], y);
     return y;
@@ -117,13 +121,16 @@ __device__ __forceinline__ void load_x(const Q8& x, int t, int K, int s, int (&x
 // them, and the WPR warps' subtrees meet in shared memory in tree order. Lanes read their
 // sub-blocks from the warp's shared copy of the round (``smem``), loaded coalesced. The first
 // round's weights are asked for before PDL's wait (pdl_begin): no kernel writes them.
+// (gated: ``g_out`` and ``u_out``, when given, also get the two products, the values of the
+// gate and up nodes a launch-level GLU fusion computes)
 template <int QT, int TMAX, int EPI, int WPR>
 __device__ __forceinline__ void gemv_q_row(float* y, const Q8& x, const u8* w, const u8* w2,
                                            const float* bias, const float* res, int T, int N,
                                            int K, i64 row_bytes, int n, int part, bool live,
-                                           u8* smem, float* red) {
+                                           u8* smem, float* red, float* g_out,
+                                           float* u_out) {
     constexpr int L = Layout<QT>::L;
-    constexpr bool GATED = (EPI & EPI_SWIGLU) != 0;
+    constexpr bool GATED = (EPI & EPI_GATED) != 0;
     constexpr int NM = GATED ? 2 : 1;
     const int lane = threadIdx.x & 31;
     const int S = K / L, W = next_pow2(S);
@@ -236,8 +243,13 @@ __device__ __forceinline__ void gemv_q_row(float* y, const Q8& x, const u8* w, c
                     }
                 }
             }
-            if (live && part == 0 && lane == 0)
+            if (live && part == 0 && lane == 0) {
                 y[(i64)t * N + n] = epilogue<EPI>(v[0], v[NM - 1], bias, res, t, n, N);
+                if (GATED && g_out != nullptr) {
+                    g_out[(i64)t * N + n] = v[0];
+                    u_out[(i64)t * N + n] = v[NM - 1];
+                }
+            }
         }
     }
 }
@@ -245,15 +257,18 @@ __device__ __forceinline__ void gemv_q_row(float* y, const Q8& x, const u8* w, c
 // the shared memory of a gemv block: each warp's round copies, and the WPR subtrees of a row
 template <int QT, int TMAX, int EPI, int WPR>
 struct GemvShared {
-    enum { NM = (EPI & EPI_SWIGLU) ? 2 : 1 };
+    enum { NM = (EPI & EPI_GATED) ? 2 : 1 };
     int4 stage[GEMV_WARPS][NM * Round<QT>::VECS];
     float red[GEMV_WARPS / WPR * TMAX * NM * WPR];
 };
 
 #define GEMV_ROW(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, n, live)                   \
+    GEMV_ROW_OUT(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, n, live, nullptr, nullptr)
+#define GEMV_ROW_OUT(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, n, live, go, uo)       \
     gemv_q_row<QT, TMAX, EPI, WPR>(y, x, w, w2, bias, res, T, N, K, row_bytes, n,                  \
-                                   (threadIdx.x >> 5) % WPR, live,                                  \
-                                   reinterpret_cast<u8*>(sh.stage[threadIdx.x >> 5]), sh.red)
+                                   (threadIdx.x >> 5) % WPR, live,                                 \
+                                   reinterpret_cast<u8*>(sh.stage[threadIdx.x >> 5]), sh.red,      \
+                                   go, uo)
 
 template <int QT, int TMAX, int EPI, int WPR>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
@@ -264,19 +279,22 @@ gemv_q(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float
     GEMV_ROW(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, min(n, N - 1), n < N);
 }
 
-// The same, and the output quantized (the Q8A x of the next product: SWIGLU's for down). The
-// last of the blocks of each 32-row group to finish (an atomic ticket) quantizes the group's
-// rows for every token: the values it reads were written, and fenced, by the group's blocks.
-// ``tickets`` (N/32 ints, zero) are reset by the block that used them, ready for a replay.
+// The same, and the output quantized (the Q8A x of the next product: SWIGLU's or GEGLU's for
+// down). The last of the blocks of each 32-row group to finish (an atomic ticket) quantizes the
+// group's rows for every token: the values it reads were written, and fenced, by the group's
+// blocks. ``tickets`` (N/32 ints, zero) are reset by the block that used them, ready for a
+// replay. Gated: ``g_out`` and ``u_out`` (or null) get the gate and up products too.
 template <int QT, int TMAX, int EPI, int WPR>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_q_q8(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
-          int T, int N, int K, i64 row_bytes, i8* oq, float* od, float* os, int* tickets) {
+          int T, int N, int K, i64 row_bytes, i8* oq, float* od, float* os, int* tickets,
+          float* g_out, float* u_out) {
     constexpr int GROUP = 32 / (GEMV_WARPS / WPR);  // blocks per 32 rows
     __shared__ GemvShared<QT, TMAX, EPI, WPR> sh;
     __shared__ int last;
     const int n = blockIdx.x * (GEMV_WARPS / WPR) + (threadIdx.x >> 5) / WPR;
-    GEMV_ROW(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, min(n, N - 1), n < N);
+    GEMV_ROW_OUT(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, min(n, N - 1), n < N,
+                 g_out, u_out);
     __threadfence();
     __syncthreads();
     const int g = blockIdx.x / GROUP;
@@ -290,6 +308,31 @@ gemv_q_q8(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const fl
         quantize_block(v, oq + (i64)t * N + g * 32, od + (i64)t * nb + g, os + (i64)t * nb + g);
     }
     if (threadIdx.x == 0) tickets[g] = 0;
+}
+
+// The same, and the norm that reads the product's output after it (norm.cuh's job: RMS_NORM
+// [MUL], its QUANTIZE, and the ADD and the norm of the sum that may follow, Gemma 3's): the
+// last block to finish (an atomic ticket) norms the T rows, so the norm takes no launch of its
+// own. Dynamic shared memory: N floats when the job quantizes. ``ticket`` (one int, zero) is
+// reset by that block, ready for the next launch that shares it or a replay.
+template <int QT, int TMAX, int EPI, int WPR>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_q_norm(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
+            int T, int N, int K, i64 row_bytes, NormJob job, int* ticket) {
+    __shared__ GemvShared<QT, TMAX, EPI, WPR> sh;
+    __shared__ float tmp[33];
+    __shared__ int last;
+    extern __shared__ float srow[];
+    const int n = blockIdx.x * (GEMV_WARPS / WPR) + (threadIdx.x >> 5) / WPR;
+    GEMV_ROW(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, min(n, N - 1), n < N);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int t = 0; t < T; ++t) norm_job(job, N, t, srow, tmp);  // (x: y, read at L2)
+    if (threadIdx.x == 0) *ticket = 0;
 }
 
 // Up to three products of one x by weights of one width (q, k and v) in one launch: segment
@@ -311,13 +354,22 @@ struct GemvSegs {
 // and of segment 2's rows, in the same launch (q, k and v of a layer's decode step). Each block
 // computes both rows of each rotated pair (rope_row orders a segment's rows so), then rotates
 // them as rows.cu's rope_pair does: same operations, same bits. A null ``out`` or ``cache``:
-// that segment has none.
+// that segment has none. With HEAD_NORM (4, added to the mode) each head of segments 0 and 1
+// is first normed (RMS_NORM_MUL over its head_dim values: Gemma 3's q and k norms), so the
+// rows keep their order and the last of a head's blocks to finish (an atomic ticket a head)
+// norms the head's rows, then rotates them (head_norm_rope).
+enum { HEAD_NORM = 4 };
 struct RopeSegs {
     float* out[2];    // the ROPE values of segments 0 and 1, (T, N)
     float* cache[3];  // each segment's cache (its rows, rotated for 0 and 1, go to row positions[t])
     const int* positions;
     const float* cos_t;
     const float* sin_t;
+    float* normed[2];        // HEAD_NORM: the norms' values, (T, N) (the heads' rows in order)
+    const float* norm_w[2];  // ... their weights (head_dim)
+    int* tickets;            // ... a ticket a head, segment 0's heads then 1's, zero between
+    float eps[2];
+    int heads0;  // ... segment 0's heads
     int head_dim, n_rot;
 };
 
@@ -369,11 +421,45 @@ __device__ void rope_kv_rows(const RopeSegs& r, const GemvSeg& sg, int si, int f
     }
 }
 
+// HEAD_NORM, after a block's rows of segment si < 2 (first .. first + rows - 1, in one head):
+// the last of the head's blocks norms the head's rows (norm.cuh's norm_row, the head's D values
+// a row) for every token into ``normed``, then rotates them and writes the cache rows
+// (rope_kv_rows over the normed head), and resets the head's ticket.
+template <int MODE>
+__device__ void head_norm_rope(const RopeSegs& r, const GemvSeg& sg, int si, int first, int rows,
+                               int T) {
+    __shared__ float tmp[33];
+    __shared__ int last;
+    const int D = r.head_dim, h = first / D;
+    int* ticket = r.tickets + (si == 0 ? 0 : r.heads0) + h;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == D / rows - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float* normed = si == 0 ? r.normed[0] : r.normed[1];
+    const float* w = si == 0 ? r.norm_w[0] : r.norm_w[1];
+    const float eps = si == 0 ? r.eps[0] : r.eps[1];
+    for (int t = 0; t < T; ++t) {  // (x: the head's rows of y, read at L2)
+        const i64 at = (i64)t * sg.N + h * D;
+        norm_row(normed + at, nullptr, nullptr, nullptr, nullptr, sg.y + at, w, nullptr, eps, D,
+                 0, nullptr, tmp);
+    }
+    __syncthreads();  // the normed rows: written by the block's threads, read across them
+    GemvSeg ns = sg;
+    ns.y = normed;
+    rope_kv_rows<MODE>(r, ns, si, h * D, D, T);
+    if (threadIdx.x == 0) *ticket = 0;
+}
+
 template <int QT, int QT2, int TMAX, int EPI, int WPR, int ROPE>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_q_multi(GemvSegs segs, Q8 x, int T, int K, RopeSegs rope) {
     constexpr int ROWS = GEMV_WARPS / WPR;  // rows of a block
-    static_assert(!ROPE || ROWS % 2 == 0, "a block computes both rows of a rotated pair");
+    constexpr int MODE = ROPE & 3;          // (HEAD_NORM: rows in order, a head's blocks)
+    static_assert(!MODE || (ROPE & HEAD_NORM) || ROWS % 2 == 0,
+                  "a block computes both rows of a rotated pair");
     __shared__ union {
         GemvShared<QT, TMAX, EPI, WPR> a;
         GemvShared<QT2, TMAX, EPI, WPR> b;
@@ -391,7 +477,7 @@ gemv_q_multi(GemvSegs segs, Q8 x, int T, int K, RopeSegs rope) {
         }
     }
     const int slot = blk * ROWS + (threadIdx.x >> 5) / WPR;
-    const int n = ROPE && si < 2 ? rope_row<ROPE>(slot, rope) : slot;
+    const int n = MODE && !(ROPE & HEAD_NORM) && si < 2 ? rope_row<MODE>(slot, rope) : slot;
     const int row = min(n, sg.N - 1);
     if (QT2 != QT && si == 2) {
         auto& sh = shu.b;
@@ -402,10 +488,13 @@ gemv_q_multi(GemvSegs segs, Q8 x, int T, int K, RopeSegs rope) {
         GEMV_ROW(QT, TMAX, EPI, WPR, sg.y, sg.w, nullptr, sg.bias, nullptr, sg.N, sg.row_bytes,
                  row, slot < sg.N);
     }
-    if (ROPE) {
-        __syncthreads();  // the block's rows of y, written by each row's lane 0
-        rope_kv_rows<ROPE>(rope, sg, si, blk * ROWS, ROWS, T);
+    if (!MODE) return;
+    if ((ROPE & HEAD_NORM) && si < 2) {
+        head_norm_rope<MODE>(rope, sg, si, blk * ROWS, ROWS, T);
+        return;
     }
+    __syncthreads();  // the block's rows of y, written by each row's lane 0
+    rope_kv_rows<MODE>(rope, sg, si, blk * ROWS, ROWS, T);
 }
 
 // float weights: K leaves, x not quantized
@@ -416,7 +505,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_f(float* y, const float* x, const u8* w, const u8* w2, const float* bias, const float* res,
        int T, int N, int K, i64 row_bytes) {
     pdl_begin();
-    constexpr bool GATED = (EPI & EPI_SWIGLU) != 0;
+    constexpr bool GATED = (EPI & EPI_GATED) != 0;
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     if (n >= N) return;
@@ -474,7 +563,7 @@ gemm_q(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float
     pdl_begin();
     constexpr int L = Layout<QT>::L;
     constexpr int WPS = L / 4;                      // words per sub-block
-    constexpr bool GATED = (EPI & EPI_SWIGLU) != 0;
+    constexpr bool GATED = (EPI & EPI_GATED) != 0;
     constexpr int TN = 2, TT = GATED ? 2 : 4;
     constexpr int BN = 16 * TN, BT = 16 * TT;
     constexpr int NMAT = GATED ? 2 : 1;
@@ -600,7 +689,7 @@ struct MmaGeom {
         LOG = SUBS == 8 ? 3 : 4,  // their subtree's level
         WPS = L / 4,              // words per sub-block
         JG = L == 32 ? 2 : 4,     // sub-blocks whose fragment words a lane loads at once
-        NMAT = (EPI & EPI_SWIGLU) ? 2 : 1,
+        NMAT = (EPI & EPI_GATED) ? 2 : 1,
         BN = 32,
         BT = 32,
         SBYTES = 256 / Layout<QT>::BE * Layout<QT>::BB,  // a stage of one row

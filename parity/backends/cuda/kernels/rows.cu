@@ -4,6 +4,7 @@
 // Each is docs/numerics.md's listing; rows are independent, so a row's bits never depend on
 // how many rows a launch covers.
 #include "common.cuh"
+#include "norm.cuh"
 #include "quant.cuh"
 
 // ---- elementwise -------------------------------------------------------------------------
@@ -76,114 +77,7 @@ __global__ void quantize_q8(i8* q, float* d, float* s, const float* x, i64 n_blo
     }
 }
 
-// ---- block-wide TREE -------------------------------------------------------------------------
-
-// TREE over P values held by threads 0..P-1 in order (P a power of two, <= blockDim.x), each
-// already the sum of an aligned run of leaves. Every thread gets the result. ``smem``: 33
-// floats.
-__device__ float block_tree(float v, int P, float* smem) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_tree(v, P < 32 ? P : 32);
-    if (P > 32) {
-        if (lane == 0) smem[warp] = v;
-        __syncthreads();
-        if (warp == 0) {
-            float w = lane < (P >> 5) ? smem[lane] : 0.0f;
-            w = warp_tree(w, P >> 5);
-            if (lane == 0) smem[32] = w;
-        }
-    } else if (threadIdx.x == 0) {
-        smem[32] = v;
-    }
-    __syncthreads();
-    float r = smem[32];
-    __syncthreads();  // smem may be reused at once
-    return r;
-}
-
-// ---- RMS_NORM [MUL] [QUANTIZE] [ADD] --------------------------------------------------------
-
-// One block per row. Thread t takes the aligned run [tR, tR + R) of the next_pow2(width)
-// slots of the squares' TREE (R = max(1, W / blockDim.x)), so the block's tree is the
-// contract's. y = x * scale (* w when w is given); the row is also quantized when q is given
-// (the Q8A a matrix product reads: RMS_NORM + MUL + QUANTIZE in one launch), and added to a
-// residual when sum is given (sum = fl(res + y)). Gemma 3 norms the sum again at once (the
-// norm after attention, the ADD, the norm before the FFN; the norm after the FFN, the ADD, the
-// next layer's first norm): y2 given, the same block norms the sum's row with w2 and eps2,
-// quantized into q2. Up to two jobs of one width in one launch: job b takes the rows after job
-// a's (Gemma 3's q and k head norms).
-#define NORM_THREADS 1024  // a warp per Q8 block of rows up to 32768 wide: one quantize round
-#define NORM_MAXL 9  // runs of up to 256 slots per thread: widths up to 262144
-
-struct NormJob {
-    float* y;
-    i8* q;  // null: not quantized
-    float* qd;
-    float* qs;
-    float* sum;  // null: no ADD
-    const float* x;
-    const float* w;  // null: RMS_NORM
-    const float* res;
-    float* y2;  // null: the sum not normed
-    i8* q2;
-    float* qd2;
-    float* qs2;
-    const float* w2;
-    float eps;
-    float eps2;
-    int rows;
-};
-struct NormRows {
-    NormJob a, b;  // b.rows = 0: one job
-    int width;
-};
-
-// row ``row`` of one norm, by the whole block (srow: width floats when quantizing; tmp: 33)
-__device__ void norm_row(float* y, i8* q, float* qd, float* qs, float* sum, const float* x,
-                         const float* w, const float* res, float eps, int width, i64 row,
-                         float* srow, float* tmp) {
-    const float* xr = x + row * width;
-    const int W = next_pow2(width);
-    const int R = W > NORM_THREADS ? W / NORM_THREADS : 1;
-    const int P = W / R;
-    // a row no wider than the block: this thread's x and w, both loaded before any result
-    const bool one = width <= (int)blockDim.x;
-    float x1 = 0.0f, w1 = 1.0f;
-    if (one && (int)threadIdx.x < width) {
-        x1 = xr[threadIdx.x];
-        if (w != nullptr) w1 = w[threadIdx.x];
-    }
-    float part = 0.0f;
-    if ((int)threadIdx.x < P) {
-        float st[NORM_MAXL];
-        const int start = threadIdx.x * R;
-        int n = width - start;
-        n = n < 0 ? 0 : (n > R ? R : n);
-        for (int i = 0; i < n; ++i) {
-            float v = one ? x1 : xr[start + i];
-            tree_push<NORM_MAXL>(st, i, __fmul_rn(v, v));
-        }
-        part = tree_finish<NORM_MAXL>(st, n, R);
-    }
-    float ss = block_tree(part, P, tmp);
-    float mean = __fdiv_rn(ss, (float)width);
-    float r = __fsqrt_rn(__fadd_rn(mean, eps));
-    float scale = __fdiv_rn(1.0f, r);
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        float v = __fmul_rn(one ? x1 : xr[i], scale);
-        if (w != nullptr) v = __fmul_rn(v, one ? w1 : w[i]);
-        if (y != nullptr) y[row * width + i] = v;
-        if (sum != nullptr) sum[row * width + i] = __fadd_rn(res[row * width + i], v);
-        if (q != nullptr) srow[i] = v;
-    }
-    if (q == nullptr) return;
-    __syncthreads();
-    const int blocks = width >> 5, warps = blockDim.x >> 5;
-    for (int b = threadIdx.x >> 5; b < blocks; b += warps) {
-        quantize_block(srow[b * 32 + (threadIdx.x & 31)], q + row * width + b * 32,
-                       qd + row * blocks + b, qs + row * blocks + b);
-    }
-}
+// ---- RMS_NORM [MUL] [QUANTIZE] [ADD]: norm.cuh's rows, a block each --------------------------
 
 __global__ void __launch_bounds__(NORM_THREADS) rms_norm_f32(NormRows args) {
     pdl_begin();
