@@ -8,7 +8,9 @@ the steady one. Prints one table and writes JSON.
         [--gen 128] [--repeat 3] [--llama-bench /tmp/lcpp/build/bin/llama-bench] [--json F]
 
 A runner is BACKEND:NUMERICS, optionally with environment settings its backend reads when it
-is made: ``cuda:exact:PARITY_PDL=0``. Each (runner, size) is ``parity bench``'s measurement
+is made, ``cuda:exact:PARITY_PDL=0``, and switches of the cuda lowering held while it runs,
+``cuda:exact:lowering.NORM_AFTER_PRODUCT=1`` (benchmarks/with_lowering.py sets them for a
+whole process). Each (runner, size) is ``parity bench``'s measurement
 (a warm-up pass, then a greedy generation after a prompt of that many seeded random tokens),
 repeated ``--repeat`` times, on the model loaded with a cache of the size plus the generation
 and 16 rows (llama-bench sizes its context per test the same way); the table gives medians.
@@ -22,6 +24,7 @@ standard deviation), the ratios are against it.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
 import os
@@ -42,17 +45,21 @@ def run_parity(model: str, runner: str, sizes: list[int], gen: int, repeat: int)
     llama-bench sizes its context per test), so a short run does not carry a long cache."""
     backend, numerics, *env = runner.split(":")
     settings = dict(e.split("=", 1) for e in env)
+    switches = {k.removeprefix("lowering."): v for k, v in settings.items()
+                if k.startswith("lowering.")}  # fmt: skip
+    settings = {k: v for k, v in settings.items() if not k.startswith("lowering.")}
     out: dict = {"load_s": {}, "sizes": {}}
     for size in sizes:
         t0 = time.perf_counter()
-        with _environment(settings):
-            m = parity.load(model, backend=backend, numerics=numerics, strict=True,
-                            n_ctx=max(size, 1) + gen + CTX_SPARE)  # fmt: skip
-        out["load_s"][size] = round(time.perf_counter() - t0, 3)
-        try:
-            runs = [bench(m, max(size, 1), gen) for _ in range(repeat)]
-        finally:
-            m.close()
+        with _lowering(switches):
+            with _environment(settings):
+                m = parity.load(model, backend=backend, numerics=numerics, strict=True,
+                                n_ctx=max(size, 1) + gen + CTX_SPARE)  # fmt: skip
+            out["load_s"][size] = round(time.perf_counter() - t0, 3)
+            try:
+                runs = [bench(m, max(size, 1), gen) for _ in range(repeat)]
+            finally:
+                m.close()
         med = {key: statistics.median(getattr(r, key) for r in runs)
                for key in ("prefill_tok_s", "decode_tok_s", "ttft_ms", "first_step_ms",
                            "step_ms")}  # fmt: skip
@@ -74,6 +81,28 @@ def _environment(settings: dict[str, str]):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _lowering(switches: dict[str, str]):
+    """The cuda lowering's switches set while a runner loads and runs (steps are lowered when
+    first run), then restored."""
+    if not switches:
+        yield
+        return
+    from parity.backends.cuda import lowering
+
+    saved = {}
+    for name, value in switches.items():
+        if not hasattr(lowering, name):
+            raise SystemExit(f"bench_gpu.py: the cuda lowering has no switch {name!r}")
+        saved[name] = getattr(lowering, name)
+        setattr(lowering, name, ast.literal_eval(value))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(lowering, name, value)
 
 
 def run_llama(llama_bench: str, model: str, depths: list[int], prefill: list[int], gen: int,

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The cuda backend on a lent GPU machine, in stages that fit one device call each (the machine
-# keeps /tmp between calls made while it is warm). Carry .wheels (the gguf wheel) and .peer
-# (`bash ../shared/peers/llamacpp-cuda.sh prepare .peer`). Logs under $OUT.
+# keeps /tmp between calls made while it is warm). Carry .wheels (the gguf wheel: `pip download
+# gguf==0.19.0 --no-deps -d .wheels`) and .peer (`bash ../shared/peers/llamacpp-cuda.sh prepare
+# .peer`), both ignored folders. Logs under $OUT. A session's calls, in order: candidates, ab,
+# table (each under ten minutes).
 #
 #   bash benchmarks/gpu_bench.sh check   conformance, the twin comparisons against cpu (and
 #                                        with TESTS=1 the kernel and gpu-marked tests), while
@@ -15,8 +17,23 @@
 #                                        (LLAMA=0: parity alone; GC_FREEZE=: no gc-freeze probe)
 #   bash benchmarks/gpu_bench.sh quick   the kernel tests (every op, the gpu-marked tests),
 #                                        conformance, then `bench` with LLAMA=0 and a host profile
+#   bash benchmarks/gpu_bench.sh candidates  the lowering's switches that stay off until a GPU
+#                                        has timed them (SWITCHES, by default every one):
+#                                        conformance with them off and on, the twins against cpu
+#                                        with them on (and Gemma 3's off), while llama.cpp builds
+#                                        for `table`
+#   bash benchmarks/gpu_bench.sh ab      VARIANTS (switches joined by commas; "-": as shipped)
+#                                        against each other, two rounds alternated, one process
+#                                        a variant: the replayed decode step at depth 100 and the
+#                                        512-token prefill, kernel by kernel (bench_gpu_steps.py
+#                                        --profile), then as shipped and with every switch, the
+#                                        decode kernels' own times with PARITY_PDL=0
+#   bash benchmarks/gpu_bench.sh table   the issue's table beside llama.cpp (bench_gpu.py):
+#                                        decode at depths 0, 4096 and 16384, prefill 128, 512
+#                                        and 4096 (RUNNERS, default cuda:exact and triton:fast;
+#                                        a switch per runner: cuda:exact:lowering.NAME=1)
 set -u
-stage=${1:?usage: gpu_bench.sh check|compare|bench|quick}
+stage=${1:?usage: gpu_bench.sh check|compare|bench|quick|candidates|ab|table}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .wheels/*.whl || exit 1
 export PYTHONPATH=/tmp/site XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -39,6 +56,59 @@ if [ "$stage" = quick ]; then
     timeout 60 python3 benchmarks/bench_gpu_steps.py /tmp/$m.gguf --host-profile 2>&1 | head -40
   done > "$out/host_profile.txt"
   LLAMA=0 bash "$0" bench
+  exit 0
+fi
+switches=${SWITCHES:-"PREFILL_TILES=1 NORM_AFTER_PRODUCT=1 QKV_HEAD_NORMS=1 GLU_IN_PRODUCT=1"}
+all=${switches// /,}
+variants=${VARIANTS:-"- PREFILL_TILES=1 NORM_AFTER_PRODUCT=1 QKV_HEAD_NORMS=1,GLU_IN_PRODUCT=1 $all"}
+if [ "$stage" = candidates ]; then
+  (bash .peer/llamacpp-cuda.sh build > /tmp/lcpp_build.txt 2>&1; echo "build rc $?" >> /tmp/lcpp_build.txt) &
+  build=$!
+  echo "== parity conformance cuda"
+  timeout 200 python3 -m parity conformance cuda 2>&1 | tee "$out/conformance.txt" | tail -3
+  echo "== parity conformance cuda with $switches"
+  timeout 200 python3 benchmarks/with_lowering.py $switches -- -m parity conformance cuda 2>&1 \
+    | tee "$out/conformance_switches.txt" | tail -3
+  for m in $models; do
+    echo "== compare cpu,cuda $m with $switches"
+    timeout 100 python3 benchmarks/with_lowering.py $switches -- benchmarks/gpu_compare.py \
+      /tmp/$m.gguf --prompts 7,600 --steps 32 --greedy 32 2>&1 | tee -a "$out/compare.txt" | tail -4
+  done
+  echo "== compare cpu,cuda gemma3-270m as shipped"
+  timeout 100 python3 benchmarks/gpu_compare.py /tmp/gemma3-270m.gguf --prompts 1,600 --steps 32 \
+    --greedy 32 2>&1 | tee -a "$out/compare.txt" | tail -4
+  wait $build; cp /tmp/lcpp_build.txt "$out/"; tail -1 /tmp/lcpp_build.txt
+  exit 0
+fi
+if [ "$stage" = ab ]; then
+  for round in 1 2; do
+    for m in $models; do
+      for variant in $variants; do
+        echo "== round $round $m $variant"
+        [ "$variant" = - ] && variant=
+        timeout 60 python3 benchmarks/with_lowering.py ${variant//,/ } -- \
+          benchmarks/bench_gpu_steps.py /tmp/$m.gguf --ctx 4352 --position 100 --runs 100 \
+          --profile 2>&1 | tail -4
+      done
+    done
+  done 2>&1 | tee "$out/ab.txt"
+  for m in $models; do
+    for variant in - "$all"; do
+      echo "== PDL off: $m $variant"
+      [ "$variant" = - ] && variant=
+      PARITY_PDL=0 timeout 60 python3 benchmarks/with_lowering.py ${variant//,/ } -- \
+        benchmarks/bench_gpu_steps.py /tmp/$m.gguf --ctx 4352 --position 100 --runs 50 --profile \
+        2>&1 | tail -4
+    done
+  done 2>&1 | tee "$out/ab_pdl_off.txt"
+  exit 0
+fi
+if [ "$stage" = table ]; then
+  args=(--runners "${RUNNERS:-cuda:exact,triton:fast}" --depths "${DEPTHS:-0,4096,16384}"
+        --prefill "${PREFILL:-128,4096,512}" --repeat 3 --json "$out/table.json")
+  lb=$(ls /tmp/lcpp/build/bin/llama-bench 2>/dev/null) && args+=(--llama-bench "$lb")
+  paths=(); for m in $models; do paths+=("/tmp/$m.gguf"); done
+  timeout 560 python3 benchmarks/bench_gpu.py "${paths[@]}" "${args[@]}" 2>&1 | tee "$out/table.txt"
   exit 0
 fi
 if [ "$stage" = check ]; then
