@@ -46,8 +46,10 @@ def _compiler_version(cxx: str) -> str:
     return subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
 
 
-# Every library shares the emulator's one state (its symbols are process-wide), and a launch
-# releases the GIL: one launch at a time.
+# A launch releases the GIL, and the emulator's state is a library's global: one launch at a
+# time. (g++ makes a template's or inline function's statics process-wide symbols, so two
+# libraries built from different versions of a kernel, as a test run that outlives an edit
+# loads, would share storage sized by either: -fno-gnu-unique keeps each library's own.)
 _LAUNCH = threading.Lock()
 
 
@@ -133,7 +135,8 @@ def compile_kernels(files: str | list[str], names: list[str], cache: Path | None
         raise EmulatorError("no C++ compiler (g++ or clang++, or $CXX) to build the kernels with")
     src = _source(files, names)
     includes = sorted(KERNELS.glob("*.cu*"))
-    parts = [src, HEADER.read_text(), cxx, _compiler_version(cxx), *FLAGS]
+    flags = FLAGS + ([] if "clang" in _compiler_version(cxx) else ["-fno-gnu-unique"])
+    parts = [src, HEADER.read_text(), cxx, _compiler_version(cxx), *flags]
     parts += [p.read_text() for p in includes]
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
     if cache is None:  # a folder of this user's alone: what is loaded from it is what was built
@@ -145,7 +148,7 @@ def compile_kernels(files: str | list[str], names: list[str], cache: Path | None
             cpp = Path(tmp) / "kernels.cpp"
             cpp.write_text(src)
             out = Path(tmp) / "kernels.so"
-            cmd = [cxx, *FLAGS, "-I", str(HEADER.parent), "-o", str(out), str(cpp)]
+            cmd = [cxx, *flags, "-I", str(HEADER.parent), "-o", str(out), str(cpp)]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 raise EmulatorError(f"compiling {files} failed:\n{done.stderr[-4000:]}")
