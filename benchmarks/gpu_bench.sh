@@ -58,9 +58,10 @@ if [ "$stage" = quick ]; then
   LLAMA=0 bash "$0" bench
   exit 0
 fi
-switches=${SWITCHES:-"PREFILL_TILES=1 NORM_AFTER_PRODUCT=1 QKV_HEAD_NORMS=1 GLU_IN_PRODUCT=1"}
+# (PREFILL_TILES is on since its A/B; PREFILL_TILES=0 times the kernels it replaced)
+switches=${SWITCHES:-"NORM_AFTER_PRODUCT=1 QKV_HEAD_NORMS=1 GLU_IN_PRODUCT=1"}
 all=${switches// /,}
-variants=${VARIANTS:-"- PREFILL_TILES=1 NORM_AFTER_PRODUCT=1 QKV_HEAD_NORMS=1,GLU_IN_PRODUCT=1 $all"}
+variants=${VARIANTS:-"- PREFILL_TILES=0 NORM_AFTER_PRODUCT=1 QKV_HEAD_NORMS=1,GLU_IN_PRODUCT=1 $all"}
 if [ "$stage" = candidates ]; then
   (bash .peer/llamacpp-cuda.sh build > /tmp/lcpp_build.txt 2>&1; echo "build rc $?" >> /tmp/lcpp_build.txt) &
   build=$!

@@ -62,21 +62,25 @@ EPI_BIAS, EPI_RESIDUAL, EPI_SWIGLU, EPI_GEGLU = 1, 2, 4, 8
 FLOAT_WEIGHTS = (DType.F32, DType.F16, DType.BF16)
 NORM_THREADS = 1024  # norm.cuh's
 # a decode product's output normed by its last block (matmul.cu's gemv_q_norm), not by a launch
-# of its own: bit-exact in the CPU emulator (tests), not yet timed on a GPU, so not the default
+# of its own: bit-exact (emulator and H200), and slower: the decode step +43-52 % on the H200
+# (the last block's tail, about 17 us), so off (docs/perf.md)
 NORM_AFTER_PRODUCT = False
 # Gemma 3's q and k head norms and their ROPEs done by the q/k/v launch, each head's last block
-# norming the head (matmul.cu's HEAD_NORM): bit-exact in the CPU emulator, not yet timed
+# norming the head (matmul.cu's HEAD_NORM): bit-exact, 36 launches fewer a step and 1-2 %
+# slower on the H200, so off
 QKV_HEAD_NORMS = False
 # ... and its gate and up products with their GEGLU and its QUANTIZE: one gated GEMV launch
+# (bit-exact, 18 launches fewer a step, no faster on the H200: off)
 GLU_IN_PRODUCT = False
 HEAD_NORM = 4  # matmul.cu's: added to a q/k/v launch's ROPE mode
 GEMV_NORM_WIDTH_MAX = 32 * GEMV_WARPS * 256  # ... of rows up to this wide (norm.cuh's NORM_MAXL)
 SPLIT_TOKENS = 4  # flash decoding for at most this many tokens
 GQA_HEADS_MAX = 8  # prefill attention takes up to this many query heads of a KV head a block
 GQA_WIDTH_MAX = 1024  # ... whose q and sums (heads x head_dim floats, twice) fit shared memory
-# prefill attention a block a KV head and a tile of tokens (attention_tiles):
-# bit-exact in the CPU emulator (tests), not yet timed on a GPU, so not yet the default
-PREFILL_TILES = False
+# prefill attention a block a KV head and a tile of tokens (attention_tiles), where the
+# heads of a KV head fit its rows: 512-token prefill 18-20 % faster on the SmolLM2 and Qwen
+# twins, 2.5 % on Gemma 3's (H200, docs/perf.md); False: attention_rows_gqa / attention_rows
+PREFILL_TILES = True
 TILE_ROWS = 32  # ... query rows (heads x tokens) a block at most, heads of 64 (half: wider)
 TILE_TOKENS = 32  # ... and tokens (attention.cu's TILE_TOKENS)
 TILE_BLOCKS = 256  # ... and as few tokens a block as give this many blocks (about 2 an H200 SM)
@@ -725,8 +729,11 @@ class Lowering:
             nodes = self.graph.nodes
             epi = EPI_GEGLU if nodes[g].op is Op.GEGLU else EPI_SWIGLU
             weights = (nodes[gate].src[1], nodes[up].src[1])
-            self._product(self.values[g], node.src[0], weights, None, None, node.shape, qn,
-                          glu=(epi, gate, up))  # fmt: skip
+            if not self._product(self.values[g], node.src[0], weights, None, None, node.shape,
+                                 qn, glu=(epi, gate, up)):  # fmt: skip
+                raise BackendError(  # (_glu_of takes only what gemv_q_q8 computes)
+                    f"the fused gate/up/{nodes[g].op.name} launch did not quantize its output"
+                )
             self.done.update((gate, up, g, qn))
             return
         bias = node.src[2] if len(node.src) == 3 else None
@@ -849,8 +856,10 @@ class Lowering:
         arg = r0.arg
         if attrs.evolve(r1.arg, n_head=arg.n_head) != arg or arg.n_rot % 2:
             return 0, NO_ROPE
-        if normed and any(nodes[chain[1]].shape[1] != arg.head_dim for chain in heads):
-            return 0, NO_ROPE
+        if normed and (
+            arg.head_dim % rows or any(nodes[chain[1]].shape[1] != arg.head_dim for chain in heads)
+        ):
+            return 0, NO_ROPE  # (a block's rows must lie in one head: its ticket's)
         positions = r0.src[1]
 
         def kv_of(i: int) -> int | None:  # the KV_WRITE of i's rows at the ropes' positions
