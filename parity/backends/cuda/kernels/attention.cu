@@ -341,12 +341,7 @@ __device__ __forceinline__ void publish_and_fold(const AttnArgs& a, int t, int h
     float* part = a.part + th * gridDim.z * (D + 1);
     if (threadIdx.x < D) part[(i64)c * (D + 1) + threadIdx.x] = sn[threadIdx.x];
     if (threadIdx.x == 0) part[(i64)c * (D + 1) + D] = dc;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) *last = atomicAdd(&a.tickets[th], 1) == nc - c0 - 1;
-    __syncthreads();
-    if (!*last) return;
-    __threadfence();
+    if (!last_block(&a.tickets[th], nc - c0, *last)) return;
     float num = 0.0f, den = 0.0f;
     for (int k = c0; k < nc; ++k) {  // at L2: other blocks wrote them
         const float* pk = part + (i64)k * (D + 1);

@@ -39,6 +39,21 @@ __device__ __forceinline__ u32 dynamic_smem_bytes() {
 #endif
 }
 
+// Whether this block is the last of ``count`` blocks sharing ``ticket`` to get here, every one
+// having written its results first: each fences them and takes a ticket; the block that takes
+// the last one fences again and may then read what the others wrote (at L2: __ldcg), and must
+// set the ticket back to zero when done, for the next launch or replay. ``last``: a __shared__
+// int of the caller's.
+__device__ __forceinline__ bool last_block(int* ticket, int count, int& last) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == count - 1;
+    __syncthreads();
+    if (!last) return false;
+    __threadfence();
+    return true;
+}
+
 // ---- bits --------------------------------------------------------------------------------
 
 __device__ __forceinline__ float bits_f32(u32 b) { return __uint_as_float(b); }

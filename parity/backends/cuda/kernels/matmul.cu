@@ -295,13 +295,8 @@ gemv_q_q8(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const fl
     const int n = blockIdx.x * (GEMV_WARPS / WPR) + (threadIdx.x >> 5) / WPR;
     GEMV_ROW_OUT(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, min(n, N - 1), n < N,
                  g_out, u_out);
-    __threadfence();
-    __syncthreads();
     const int g = blockIdx.x / GROUP;
-    if (threadIdx.x == 0) last = atomicAdd(&tickets[g], 1) == GROUP - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_block(&tickets[g], GROUP, last)) return;
     const int nb = N / 32, lane = threadIdx.x & 31;
     for (int t = threadIdx.x >> 5; t < T; t += GEMV_WARPS) {
         const float v = __ldcg(y + (i64)t * N + g * 32 + lane);  // at L2: other blocks wrote it
@@ -325,12 +320,7 @@ gemv_q_norm(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const 
     extern __shared__ float srow[];
     const int n = blockIdx.x * (GEMV_WARPS / WPR) + (threadIdx.x >> 5) / WPR;
     GEMV_ROW(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, min(n, N - 1), n < N);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == (int)gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_block(ticket, gridDim.x, last)) return;
     for (int t = 0; t < T; ++t) norm_job(job, N, t, srow, tmp);  // (x: y, read at L2)
     if (threadIdx.x == 0) *ticket = 0;
 }
@@ -432,12 +422,7 @@ __device__ void head_norm_rope(const RopeSegs& r, const GemvSeg& sg, int si, int
     __shared__ int last;
     const int D = r.head_dim, h = first / D;
     int* ticket = r.tickets + (si == 0 ? 0 : r.heads0) + h;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == D / rows - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_block(ticket, D / rows, last)) return;
     float* normed = si == 0 ? r.normed[0] : r.normed[1];
     const float* w = si == 0 ? r.norm_w[0] : r.norm_w[1];
     const float eps = si == 0 ? r.eps[0] : r.eps[1];
