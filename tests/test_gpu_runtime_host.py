@@ -173,6 +173,18 @@ def test_kernels_compile_for_sm90(compiler):
         assert (source, name) in library._functions
 
 
+def test_compiling_leaves_the_interpreters_shared_bytes_alone(compiler):
+    """NVRTC writes its log and cubin into buffers it is given: an empty log is one byte, and
+    a buffer made as b" " * 1 is Python's one shared b" ", which the log's NUL once turned
+    into b"\\0" for the rest of the process (every SPM space then decoded as NUL)."""
+    from parity.backends.cuda.library import Library
+    from parity.backends.cuda.nvrtc import Compiler
+
+    fresh = Compiler("sm_90", cache_dir=tempfile.mkdtemp(), notice=False)  # (compiles, no cache)
+    Library(None, fresh).ensure([("rows.cu", "scale_f32")])  # no warnings: an empty log
+    assert bytes([32])[0] == 32 and b" "[0] == 32
+
+
 def test_no_contraction_in_the_generated_code(compiler):
     """--fmad=false: no float multiply-add in the PTX of the kernels (rule 2)."""
     from cuda.bindings import nvrtc
@@ -193,7 +205,7 @@ def test_no_contraction_in_the_generated_code(compiler):
         (status,) = nvrtc.nvrtcCompileProgram(program, len(options), options)[:1]
         assert status == nvrtc.nvrtcResult.NVRTC_SUCCESS
         _, size = nvrtc.nvrtcGetPTXSize(program)
-        ptx = b" " * size
+        ptx = bytearray(size)  # (NVRTC writes into it)
         nvrtc.nvrtcGetPTX(program, ptx)
         nvrtc.nvrtcDestroyProgram(program)
         text = ptx.decode()

@@ -175,9 +175,9 @@ class Compiler:
                 )
                 lowered[expression] = mangled.decode()
             (size,) = _check(nvrtc.nvrtcGetCUBINSize(program), "nvrtcGetCUBINSize")
-            cubin = b" " * size
+            cubin = bytearray(size)  # NVRTC writes into it: never a bytes object (see _log)
             _check(nvrtc.nvrtcGetCUBIN(program, cubin), "nvrtcGetCUBIN")
-            return cubin, lowered, log
+            return bytes(cubin), lowered, log
         finally:
             nvrtc.nvrtcDestroyProgram(program)
 
@@ -186,9 +186,11 @@ class Compiler:
         from cuda.bindings import nvrtc
 
         (size,) = _check(nvrtc.nvrtcGetProgramLogSize(program), "nvrtcGetProgramLogSize")
-        buffer = b" " * size
+        # a buffer of our own: an empty log is one byte, and b" " * 1 is the interpreter's
+        # shared b" ", which NVRTC's NUL would turn into b"\0" for the whole process
+        buffer = bytearray(size)
         _check(nvrtc.nvrtcGetProgramLog(program, buffer), "nvrtcGetProgramLog")
-        return buffer.rstrip(b"\0 ").decode(errors="replace")
+        return bytes(buffer).rstrip(b"\0 ").decode(errors="replace")
 
     # -- the disk cache ---------------------------------------------------------------------
 
