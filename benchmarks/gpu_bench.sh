@@ -39,6 +39,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site XLA_PYTHON_CLIENT_PREALLOCATE=false
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { echo "install failed"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+# llama.cpp's build from an earlier call, when it came back (PACK=1 below) and travels in .lcpp
+if [ ! -x /tmp/lcpp/build/bin/llama-bench ] && ls .lcpp/lcpp-bin.tar.xz.* >/dev/null 2>&1; then
+  mkdir -p /tmp/lcpp/build && cat .lcpp/lcpp-bin.tar.xz.* | xz -d | tar xf - -C /tmp/lcpp/build
+fi
 models=${MODELS:-"smollm2-135m qwen2.5-coder-0.5b gemma3-270m"}
 for m in $models; do
   [ -f /tmp/$m.gguf ] || python3 .peer/twin.py .peer/headers/$m.header.bin /tmp/$m.gguf >/dev/null
@@ -109,11 +113,11 @@ if [ "$stage" = table ]; then
         --prefill "${PREFILL:-128,4096,512}" --repeat 3 --json "$out/table.json")
   lb=$(ls /tmp/lcpp/build/bin/llama-bench 2>/dev/null) && args+=(--llama-bench "$lb")
   paths=(); for m in $models; do paths+=("/tmp/$m.gguf"); done
-  timeout 560 python3 benchmarks/bench_gpu.py "${paths[@]}" "${args[@]}" 2>&1 | tee "$out/table.txt"
+  timeout "${TABLE_S:-560}" python3 benchmarks/bench_gpu.py "${paths[@]}" "${args[@]}" 2>&1 | tee "$out/table.txt"
   exit 0
 fi
 if [ "$stage" = check ]; then
-  (bash .peer/llamacpp-cuda.sh build > "$out/lcpp_build.txt" 2>&1; echo "build rc $?" >> "$out/lcpp_build.txt") &
+  (bash .peer/llamacpp-cuda.sh build > /tmp/lcpp_build.txt 2>&1; echo "build rc $?" >> /tmp/lcpp_build.txt) &
   build=$!
   echo "== parity conformance cuda"
   timeout 200 python3 -m parity conformance cuda 2>&1 | tee "$out/conformance.txt" | tail -3
@@ -126,7 +130,10 @@ if [ "$stage" = check ]; then
       2>&1 | tee "$out/gpu_tests.txt" | tail -3
   fi
   [ "${COMPARE:-1}" = 0 ] || bash "$0" compare
-  wait $build; tail -1 "$out/lcpp_build.txt"
+  wait $build; tail -3 /tmp/lcpp_build.txt
+  # PACK=1: the build back in pieces small enough to return, for .peer on later calls
+  [ "${PACK:-0}" = 1 ] && tar cf - -C /tmp/lcpp/build bin | xz -T0 -6 \
+    | split -b 15M - "$out/lcpp-bin.tar.xz." && ls -la "$out"/lcpp-bin.*
   exit 0
 fi
 if [ "$stage" = compare ]; then

@@ -6,7 +6,8 @@ kernels that are off by default until a GPU has timed them (docs/perf.md).
     python benchmarks/with_lowering.py NORM_AFTER_PRODUCT=1 -- -m parity conformance cuda
 
 Each NAME=VALUE sets ``parity.backends.cuda.lowering.NAME`` (VALUE a Python literal) before
-the script runs, in this process; a name the lowering does not have is an error.
+the script runs, in this process, and NAME[KEY]=VALUE one entry of a dict there
+(``CHUNKS_ONE_LAUNCH[256]=2``); a name the lowering does not have is an error.
 """
 
 from __future__ import annotations
@@ -27,9 +28,14 @@ def main(argv: list[str]) -> None:
 
     for setting in settings:
         name, eq, value = setting.partition("=")
-        if not eq or not hasattr(lowering, name):
+        name, _, key = name.partition("[")  # NAME[KEY]=VALUE: one entry of a dict switch
+        if not eq or not hasattr(lowering, name) or (key and not key.endswith("]")):
             sys.exit(f"with_lowering.py: {setting!r} is not NAME=VALUE of a lowering switch")
-        setattr(lowering, name, ast.literal_eval(value))
+        if key:
+            table = getattr(lowering, name)
+            table[ast.literal_eval(key[:-1])] = ast.literal_eval(value)
+        else:
+            setattr(lowering, name, ast.literal_eval(value))
         print(f"lowering.{name} = {getattr(lowering, name)!r}", file=sys.stderr)
     if command[0] == "-m":
         sys.argv = command[1:]
