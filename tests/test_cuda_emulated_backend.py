@@ -28,6 +28,7 @@ torch = pytest.importorskip("torch")  # the backend's buffers (HostRuntime: CPU 
 SLOW = {
     "matmul-Q4_K-896x4864-t7",
     "matmul-Q6_K-896x4864-t7",
+    "matmul-head-Q8_0-40009x640-t1",
     "matmul_add-Q6_K-896x4864-t7",
     "attention-9x3x64-p0-t300",
     "attention-14x2x64-p0-t300",
@@ -61,14 +62,18 @@ def test_conformance_case_is_bit_exact_in_the_emulator(case) -> None:
     assert result.verdict == "exact", result.explain()
 
 
-# the lowering's switches that are off until a GPU has timed them, each with the cases of the
-# patterns it fuses and the kernel that then runs them
+# the lowering's decode switches (off until a GPU has timed them, WIDE_GEMV on since), each
+# with the cases of the patterns it takes and the kernel that then runs them; the tiny models
+# below run with all of them off and all on
 SWITCHED = {
     "NORM_AFTER_PRODUCT": ("-norm-", "gemv_q_norm<"),
     "QKV_HEAD_NORMS": ("head-norms", ", 6>"),  # (gemv_q_multi's ROPE mode: neox + HEAD_NORM)
     "GLU_IN_PRODUCT": ("fusion-geglu-", "gemv_q_q8<"),
+    "WIDE_GEMV": ("matmul-wide-", "gemv_q_wide<"),
+    "WIDE_FIT_ROW": ("matmul-wide-", "gemv_q_wide<"),
 }
-DECODE_SWITCHES = ("NORM_AFTER_PRODUCT", "QKV_HEAD_NORMS", "GLU_IN_PRODUCT")
+DECODE_SWITCHES = ("NORM_AFTER_PRODUCT", "QKV_HEAD_NORMS", "GLU_IN_PRODUCT", "WIDE_GEMV",
+                   "WIDE_FIT_ROW")  # fmt: skip
 
 
 @pytest.mark.parametrize("switch, case", [(name, c) for name, (part, _) in SWITCHED.items()
@@ -77,7 +82,8 @@ def test_switched_fusions_are_bit_exact_in_the_emulator(switch, case, monkeypatc
     """The cases of each switch's patterns with it on: the norm after a product done by the
     product's last block (and Gemma 3's ADD and norm of the sum after it), Gemma 3's head norms
     and ROPEs by the q/k/v launch, gate, up and GEGLU as one gated product; bit for bit, and
-    the fused kernel launched."""
+    the fused kernel launched; and a one-token product of many rows by gemv_q_wide's few
+    warps, each taking many rows."""
     from cuda_emulator.backend import EmulatedDriver
 
     from parity.backends.cuda import lowering
@@ -93,8 +99,9 @@ def test_switched_fusions_are_bit_exact_in_the_emulator(switch, case, monkeypatc
     kernel = SWITCHED[switch][1]
     assert any(kernel in name for name in launched), launched
     for alone in {"NORM_AFTER_PRODUCT": ["rms_norm_f32"], "QKV_HEAD_NORMS": ["rope_f32<1>"],
-                  "GLU_IN_PRODUCT": ["glu_f32<1>"]}[switch]:  # fmt: skip
-        assert alone not in launched
+                  "GLU_IN_PRODUCT": ["glu_f32<1>"], "WIDE_GEMV": ["gemv_q<"],
+                  "WIDE_FIT_ROW": ["gemv_q<"]}[switch]:  # fmt: skip
+        assert not any(name.startswith(alone) for name in launched), launched
 
 
 WIDE = {"head_dim": 256, "n_head": 4, "n_head_kv": 1}  # Gemma 3 270M's heads
@@ -111,9 +118,10 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     query heads, or with ``tiles`` a block a tile of tokens, as many as its rows hold) and two
     decode steps (GEMV, flash decoding; with ``switched`` the decode fusions that wait for a
     GPU's timing: the norms after the o and down products done by those products' last
-    blocks, and for Gemma 3 the head norms and ROPEs in the q/k/v launch and gate, up and
-    GEGLU as one product): every node of every step bit-identical to the cpu oracle's, and the
-    greedy tokens the same. ``heads``: the spec's head shape, if not the tiny one's."""
+    blocks, for Gemma 3 the head norms and ROPEs in the q/k/v launch and gate, up and GEGLU
+    as one product, and the output head by gemv_q_wide): every node of every step
+    bit-identical to the cpu oracle's, and the greedy tokens the same. ``heads``: the spec's
+    head shape, if not the tiny one's."""
     from cuda_emulator.backend import EmulatedDriver
 
     from parity.arch.synthetic import synthetic_model, tiny_spec
@@ -142,7 +150,7 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     assert report.identical_share == 1.0 and report.tokens_agree == 3
     prefill = "attention_tiles" if tiles else "attention_rows_gqa"
     kernels = ["gemm_mma", prefill, "gemv_q_multi", "attention_chunks"]
-    for kernel in kernels + ["gemv_q_norm"] * switched:
+    for kernel in kernels + ["gemv_q_norm", "gemv_q_wide"] * switched:
         assert launched[kernel] > 0, launched
     assert switched or not launched["gemv_q_norm"]
     if switched and arch == "gemma3":  # ROPEs and GEGLU launched alone by the prefill only

@@ -422,6 +422,14 @@ def op_suite() -> list[CaseSpec]:
         for t in (1, 7):
             name = f"matmul-{dtype.name}-{n}x{k}-t{t}"
             specs.append(_spec(name, Op.MATMUL, dtype, _matmul(dtype, n, k, t), seed=n + k + t))
+    # one token through many short rows (an output head's shape): a GPU backend may give each
+    # of a few warps a multiprocessor many rows; row counts that no grid divides, and one past
+    # a big GPU's threshold for that path (Gemma 3's head has 262,144 rows of 640)
+    for dtype in (t for t in WEIGHT_TYPES if t.is_quantized):
+        name = f"matmul-wide-{dtype.name}-2051x256-t1"
+        specs.append(_spec(name, Op.MATMUL, dtype, _matmul(dtype, 2051, 256, 1), seed=2051))
+    specs.append(_spec("matmul-head-Q8_0-40009x640-t1", Op.MATMUL, DType.Q8_0,
+                       _matmul(DType.Q8_0, 40009, 640, 1), seed=40009))  # fmt: skip
     # more tokens than a GEMV takes (a backend's GEMM path): tiles cut short by rows and tokens,
     # rows whose last 256-element stage is partial (K = 896), rows of only 4 blocks (K = 128)
     for dtype in WEIGHT_TYPES:

@@ -65,6 +65,7 @@ class EmulatedCudaBackend(CudaBackend):
         from parity.backends.gpu.host import HostRuntime
 
         self.pdl = False
+        self.multiprocessors = 1  # (wide grids of a few blocks in tests)
         self.rt = HostRuntime()
         self.rt.handle = 0  # (the stream the launches name: none, they run at once)
         self.library = EmulatedLibrary()

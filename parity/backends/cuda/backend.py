@@ -80,6 +80,7 @@ class CudaBackend(GpuBackend):
         self.rt = GpuRuntime(device.index, pinned=pinned)
         self.driver = self.rt.driver
         self.library = Library(self.driver, Compiler(gpu.arch))
+        self.multiprocessors = gpu.multiprocessors
         self.library.ensure([ADVANCE])  # (a step's kernels are compiled when it is prepared)
         # (address, size, by) -> the launch that advances a kept input, and the buffer (alive)
         self._advance: dict[tuple[int, int, int], tuple[Any, Any]] = {}
@@ -151,7 +152,15 @@ class CudaBackend(GpuBackend):
                 readers.setdefault(s, []).append(i)
         pdl = self.pdl and self.decode_sized(split)
         lowering = Lowering(
-            graph, values, self._weights, self._enqueue, self._copy, self.alloc, pdl, views
+            graph,
+            values,
+            self._weights,
+            self._enqueue,
+            self._copy,
+            self.alloc,
+            pdl,
+            views,
+            self.multiprocessors,
         )
         lowered = lowering.lower(split.nodes, readers)
         self.library.ensure(lowered.kernels)  # one batch, compiled in parallel (or cached)

@@ -71,10 +71,11 @@ struct Round {
 
 // A warp's copy of one round of a row into shared memory: 16-byte loads from the aligned address
 // at or below the round's first byte (weights are padded by 16 bytes on upload, so the last
-// load stays inside the buffer), issued for round r+1 before round r is computed.
-template <int QT>
+// load stays inside the buffer), issued for round r+1 before round r is computed. PER: the
+// loads a lane holds, enough for a whole round unless the caller knows its rounds are shorter.
+template <int QT, int PER = Round<QT>::PER_LANE>
 struct Stage {
-    int4 v[Round<QT>::PER_LANE];
+    int4 v[PER];
     int offset;  // the round's first byte within the copy
 
     __device__ __forceinline__ void load(const u8* row, int r, int S) {
@@ -86,7 +87,7 @@ struct Stage {
         offset = (int)(first - base);
         const int vecs = (offset + bytes + 15) / 16;
 #pragma unroll
-        for (int j = 0; j < Round<QT>::PER_LANE; ++j) {
+        for (int j = 0; j < PER; ++j) {
             const int k = j * 32 + lane;
             if (k < vecs) v[j] = __ldg(reinterpret_cast<const int4*>(base) + k);
         }
@@ -94,7 +95,7 @@ struct Stage {
     __device__ __forceinline__ void store(u8* smem) const {
         const int lane = threadIdx.x & 31;
 #pragma unroll
-        for (int j = 0; j < Round<QT>::PER_LANE; ++j) {
+        for (int j = 0; j < PER; ++j) {
             const int k = j * 32 + lane;
             if (k < Round<QT>::VECS) reinterpret_cast<int4*>(smem)[k] = v[j];
         }
@@ -277,6 +278,59 @@ gemv_q(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float
     __shared__ GemvShared<QT, TMAX, EPI, WPR> sh;
     const int n = blockIdx.x * (GEMV_WARPS / WPR) + (threadIdx.x >> 5) / WPR;
     GEMV_ROW(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, min(n, N - 1), n < N);
+}
+
+// A long product of short rows, one token (the output head: 49,152 to 262,144 rows of one
+// round each): warp w of the grid takes rows w, w + G, w + 2G, ... (G the grid's warps, a few
+// per multiprocessor) and asks for each row's weights AHEAD rows before it computes it, so
+// a warp keeps several rows' bytes in flight, where gemv_q's warps take one row and their block
+// then exits, and x's quants are loaded once a warp. A row's leaves and butterfly are gemv_q's
+// (one round: lane l holds leaf l): the same bits.
+template <int QT, int EPI, int AHEAD, int PER = Round<QT>::PER_LANE>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_q_wide(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
+            int T, int N, int K, i64 row_bytes) {
+    constexpr int L = Layout<QT>::L;
+    __shared__ int4 copies[GEMV_WARPS][Round<QT>::VECS];
+    u8* smem = reinterpret_cast<u8*>(copies[threadIdx.x >> 5]);
+    const int lane = threadIdx.x & 31;
+    const int S = K / L, width = next_pow2(S);  // S <= 32 (the lowering's)
+    const int step = gridDim.x * GEMV_WARPS;
+    const int first = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    Stage<QT, PER> ring[AHEAD + 1];  // (PER: a row's loads, given by the lowering)
+#pragma unroll
+    for (int j = 0; j < AHEAD; ++j) {  // weights: no kernel writes them
+        const int n = first + j * step;
+        if (n < N) ring[j].load(w + (i64)n * row_bytes, 0, S);
+    }
+    pdl_begin();
+    const bool leaf = lane < S;
+    int xw[8];
+    float dx = 0.0f, sx = 0.0f;
+    if (leaf) {
+        load_x<L>(x, 0, K, lane, xw);
+        dx = x.d[lane * L / 32];
+        sx = x.s[lane * L / 32];
+    }
+    for (int base = first; base < N; base += (AHEAD + 1) * step) {
+#pragma unroll
+        for (int j = 0; j <= AHEAD; ++j) {  // ring slot j: a compile-time index
+            const int n = base + j * step;
+            if (n >= N) break;
+            const int ahead = n + AHEAD * step;
+            ring[j].store(smem);
+            const int offset = ring[j].offset;
+            if (ahead < N) ring[(j + AHEAD) % (AHEAD + 1)].load(w + (i64)ahead * row_bytes, 0, S);
+            __syncwarp();
+            int wq[8];
+            float a = 0.0f, mn = 0.0f;
+            if (leaf) load_sub<QT>(smem + offset, lane, wq, a, mn);
+            __syncwarp();
+            const float term = leaf ? sub_term<QT>(a, mn, dx, sx, dot_words<L / 4>(wq, xw)) : 0.0f;
+            const float v = warp_tree(term, width);
+            if (lane == 0) y[n] = epilogue<EPI>(v, v, bias, res, 0, n, N);
+        }
+    }
 }
 
 // The same, and the output quantized (the Q8A x of the next product: SWIGLU's or GEGLU's for
