@@ -547,6 +547,9 @@ def op_suite() -> list[CaseSpec]:
                 _attention(*heads, start, t, n_ctx, window),
             )
         )
+    # Gemma 3's heads of 256, decode in a chunk filled to the middle of a batch of V rows
+    specs.append(_spec("attention-4x1x256-p100-t2", Op.ATTENTION, F32,
+                       _attention(4, 1, 256, 100, 2, 640)))  # fmt: skip
     # heads of 128 (no model here has them): decode over 3 chunks (one launch on a GPU) and 17
     # (the scores through scratch)
     for start, t, n_ctx in ((511, 2, 640), (4000, 1, 4352)):

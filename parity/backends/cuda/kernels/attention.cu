@@ -241,6 +241,10 @@ __device__ float chunk_sums(const AttnArgs& a, const float* vbase, int lo, int p
     // keeps them there (left alone, ptxas moves each load next to its use: one memory latency
     // per row, 77 us a launch for heads of 256). Not ahead (attention_rows, whose registers the
     // second buffer would take: 98 -> 136 at heads of 64, spills at 256): one batch at a time.
+    // A batch wholly past p holds padding leaves only, as do all after it: neither loaded nor
+    // pushed, tree_finish pads the run from the first of them with +0.0 subtrees (the same
+    // bits; at depth 100 a head of 256 sums 128 rows, not 256). ``live`` is uniform across a
+    // warp (a warp's threads share their run), and the barrier is kept for every thread.
     constexpr int BATCHES = (D - VPRE) / 32;
     constexpr bool AHEAD = VPRE > 0;
     float vals[AHEAD ? 2 : 1][32];
@@ -248,22 +252,26 @@ __device__ float chunk_sums(const AttnArgs& a, const float* vbase, int lo, int p
 #pragma unroll
         for (int j = 0; j < 32; ++j) v[j] = vbase[(i64)min(first + j0 + j, p) * width + i];
     };
-    if (AHEAD && BATCHES > 0) load_batch(vals[0], VPRE);
+    auto live = [&](int j0) { return first + j0 <= p; };
+    if (AHEAD && BATCHES > 0 && live(VPRE)) load_batch(vals[0], VPRE);
+    int pushed = VPRE;  // leaves of the run pushed so far
 #pragma unroll
     for (int b = 0; b < BATCHES; ++b) {
         const int j0 = VPRE + b * 32;
         float(&now)[32] = vals[AHEAD ? b & 1 : 0];
-        if (!AHEAD) load_batch(now, j0);
-        else if (b + 1 < BATCHES) load_batch(vals[(b + 1) & 1], j0 + 32);
+        if (!AHEAD && live(j0)) load_batch(now, j0);
+        else if (AHEAD && b + 1 < BATCHES && live(j0 + 32)) load_batch(vals[(b + 1) & 1], j0 + 32);
         if (AHEAD) __syncthreads();
+        if (!live(j0)) continue;
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
             const float e = se[part * D + j0 + j];
             const bool in = seen(first + j0 + j, lo, p);
             tree_push<10>(st, j0 + j, in ? __fmul_rn(e, now[j]) : 0.0f);
         }
+        pushed = j0 + 32;
     }
-    float run = tree_finish<10>(st, D, D);
+    float run = tree_finish<10>(st, pushed, D);
     __syncthreads();
     se[threadIdx.x] = run;  // runs by (part, i)
     __syncthreads();
