@@ -104,6 +104,30 @@ def test_switched_fusions_are_bit_exact_in_the_emulator(switch, case, monkeypatc
         assert not any(name.startswith(alone) for name in launched), launched
 
 
+# flash decoding deep in a cache (17 and 37 chunks, the second in a window) with its
+# switches: partials folded 8 chunks at a time, and both kernels' register caps
+DEEP = ["attention-8x2x128-p4000-t1", "attention-window9000-2x1x64-p9500-t1"]
+
+
+@pytest.mark.parametrize("case", DEEP)
+def test_flash_decoding_switches_are_bit_exact_in_the_emulator(case, monkeypatch) -> None:
+    from cuda_emulator.backend import EmulatedDriver
+
+    from parity.backends.cuda import lowering
+    from parity.conformance.harness import judge
+
+    for name, value in (("FOLD_BATCH", 8), ("CHUNKS_MIN_BLOCKS", 2), ("SUMS_MIN_BLOCKS", 2)):
+        monkeypatch.setattr(lowering, name, value)
+    launched: list[str] = []
+    launch = EmulatedDriver.launch
+    monkeypatch.setattr(EmulatedDriver, "launch", lambda self, made, stream: (
+        launched.append(self.library.kernel(made.fn)[1]), launch(self, made, stream)))  # fmt: skip
+    result = judge(_backend, CASES[case].build())
+    assert result.verdict == "exact", result.explain()
+    assert {n.split("<")[0] for n in launched if n.endswith(", 2, 8>")} == {
+        "attention_chunks", "attention_sums"}, launched  # fmt: skip
+
+
 WIDE = {"head_dim": 256, "n_head": 4, "n_head_kv": 1}  # Gemma 3 270M's heads
 
 

@@ -100,7 +100,25 @@ TILE_BLOCKS = 256  # ... and as few tokens a block as give this many blocks (abo
 # always take the two launches: the one-launch kernel spills at 256, and the two were faster on
 # the Gemma 3 twin even at depth 100 (docs/perf.md)
 CHUNKS_ONE_LAUNCH = {64: 2, 128: 2, 256: 0}
+# ... and the blocks a multiprocessor should hold of each flash-decoding kernel (its
+# __launch_bounds__' second argument; 0: none): none leaves attention_chunks 186 registers at
+# heads of 64, one block a multiprocessor, where a deep cache gives hundreds of blocks (Qwen at
+# depth 16,384: 896 a layer); 2 caps them at 128 (76 bytes spilled). Until a GPU times them: 0
+CHUNKS_MIN_BLOCKS = 0
+SUMS_MIN_BLOCKS = 0
+# ... and the chunks whose partial results their fold (and attention_sums' max of the chunks'
+# maxes) loads together: 1, one L2 round trip a chunk after another (64 at depth 16,384);
+# 8 issues a batch's loads at once. Until a GPU times it: 1
+FOLD_BATCH = 1
 NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs
+
+
+def flash_kernel(name: str, d: int, min_blocks: int) -> str:
+    """attention_chunks' or attention_sums' name for heads of ``d``, ``min_blocks`` and
+    FOLD_BATCH."""
+    if min_blocks == 0 and FOLD_BATCH == 1:
+        return f"{name}<{d}>"
+    return f"{name}<{d}, {min_blocks}, {FOLD_BATCH}>"
 
 
 def grid1(n: int, per: int = 256, cap: int = 65535) -> tuple[int, int, int]:
@@ -613,9 +631,11 @@ class Lowering:
                 scores = self._shared_scratch("scores", DType.F32, th * chunks * 256)
                 pmax = self._shared_scratch("pmax", DType.F32, th * chunks)
                 a.scores, a.pmax = scores.data_ptr(), pmax.data_ptr()
-            self._launch("attention.cu", f"attention_chunks<{d}>", grid, (256, 1, 1), [a])
+            self._launch("attention.cu", flash_kernel("attention_chunks", d, CHUNKS_MIN_BLOCKS),
+                         grid, (256, 1, 1), [a])  # fmt: skip
             if more:
-                self._launch("attention.cu", f"attention_sums<{d}>", grid, (256, 1, 1), [a])
+                self._launch("attention.cu", flash_kernel("attention_sums", d, SUMS_MIN_BLOCKS),
+                             grid, (256, 1, 1), [a])  # fmt: skip
         elif PREFILL_TILES and arg.n_head // arg.n_head_kv <= tile_rows(d):
             heads = arg.n_head // arg.n_head_kv
             a.n_tokens = t

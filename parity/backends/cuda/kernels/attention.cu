@@ -339,10 +339,11 @@ __global__ void __launch_bounds__(CHUNK) attention_rows(AttnArgs a) {
 
 // ---- flash decoding -------------------------------------------------------------------------
 
+
 // Chunk c's sums (D_c = dc, N_c in sn) into the head's scratch; the last block of the head to
 // finish (an atomic ticket) folds the chunks c0 .. nc - 1 in order and writes the output.
-// grid (n_head, T, chunks).
-template <int D>
+// grid (n_head, T, chunks). FOLD: the chunks whose partials are loaded together.
+template <int D, int FOLD>
 __device__ __forceinline__ void publish_and_fold(const AttnArgs& a, int t, int h, int c, int c0,
                                                  int nc, float dc, const float* sn, int* last) {
     const i64 th = (i64)t * a.n_head + h;
@@ -350,13 +351,25 @@ __device__ __forceinline__ void publish_and_fold(const AttnArgs& a, int t, int h
     if (threadIdx.x < D) part[(i64)c * (D + 1) + threadIdx.x] = sn[threadIdx.x];
     if (threadIdx.x == 0) part[(i64)c * (D + 1) + D] = dc;
     if (!last_block(&a.tickets[th], nc - c0, *last)) return;
+    // the chunks' sums at L2 (other blocks wrote them), FOLD chunks' loads issued together
+    // before they are added in chunk order: one L2 latency a batch, not a chunk (64 chunks at
+    // depth 16,384)
     float num = 0.0f, den = 0.0f;
-    for (int k = c0; k < nc; ++k) {  // at L2: other blocks wrote them
-        const float* pk = part + (i64)k * (D + 1);
-        const float nk = threadIdx.x < D ? __ldcg(pk + threadIdx.x) : 0.0f;
-        const float dk = __ldcg(pk + D);
-        den = k == c0 ? dk : __fadd_rn(den, dk);
-        num = k == c0 ? nk : __fadd_rn(num, nk);
+    for (int k0 = c0; k0 < nc; k0 += FOLD) {
+        float nb[FOLD], db[FOLD];
+#pragma unroll
+        for (int j = 0; j < FOLD; ++j) {
+            const float* pk = part + (i64)min(k0 + j, nc - 1) * (D + 1);
+            nb[j] = threadIdx.x < D ? __ldcg(pk + threadIdx.x) : 0.0f;
+            db[j] = __ldcg(pk + D);
+        }
+#pragma unroll
+        for (int j = 0; j < FOLD; ++j) {
+            const int k = k0 + j;
+            if (k >= nc) break;
+            den = k == c0 ? db[j] : __fadd_rn(den, db[j]);
+            num = k == c0 ? nb[j] : __fadd_rn(num, nb[j]);
+        }
     }
     store_out<D>(a, t, h, num, den);
     if (threadIdx.x == 0) a.tickets[th] = 0;  // ready for the next launch (or replay)
@@ -365,8 +378,12 @@ __device__ __forceinline__ void publish_and_fold(const AttnArgs& a, int t, int h
 // grid (n_head, T, chunks of n_ctx). Every load that needs no result is issued first, together:
 // this warp's K rows of chunk c, this thread's V values of its run (one launch only), q. The
 // other visible chunks' scores (for the max) stream through the tile after that.
-template <int D>
-__global__ void __launch_bounds__(CHUNK) attention_chunks(AttnArgs a) {
+// (MINB: the blocks a multiprocessor should hold, __launch_bounds__'s second argument; 0,
+// none, lets the one-launch path keep its V rows in registers, 188 at heads of 64, so one
+// block a multiprocessor; 2 caps them at 128, for deep caches' many blocks. FOLD:
+// publish_and_fold's.)
+template <int D, int MINB = 0, int FOLD = 1>
+__global__ void __launch_bounds__(CHUNK, MINB) attention_chunks(AttnArgs a) {
     pdl_begin();
     constexpr int SLABS = D / 32, G = SLABS < 2 ? SLABS : 2;  // K slabs held at once
     constexpr int VPRE = D < 64 ? D : 64;                      // V rows loaded up front
@@ -421,7 +438,7 @@ __global__ void __launch_bounds__(CHUNK) attention_chunks(AttnArgs a) {
     }
     m = block_max(m, smem);
     const float dc = chunk_sums<D, VPRE>(a, vbase, lo, p, c, s, m, se, sn, smem, vals);
-    publish_and_fold<D>(a, t, h, c, c0, nc, dc, sn, &last);
+    publish_and_fold<D, FOLD>(a, t, h, c, c0, nc, dc, sn, &last);
 }
 
 // ---- flash decoding over more chunks: the scores through scratch ---------------------------------
@@ -429,8 +446,8 @@ __global__ void __launch_bounds__(CHUNK) attention_chunks(AttnArgs a) {
 // grid (n_head, T, chunks of n_ctx), after attention_chunks: where a token sees more than
 // chunks_one_launch chunks, the max of their maxes, chunk c's weights from its stored scores,
 // its sums, and the fold by the head's last block. This thread's V values are loaded first.
-template <int D>
-__global__ void __launch_bounds__(CHUNK) attention_sums(AttnArgs a) {
+template <int D, int MINB = 0, int FOLD = 1>
+__global__ void __launch_bounds__(CHUNK, MINB) attention_sums(AttnArgs a) {
     pdl_begin();
     constexpr int VPRE = D < 64 ? D : 64;  // V rows loaded up front
     __shared__ float se[CHUNK], sn[D], smem[32];
@@ -451,10 +468,16 @@ __global__ void __launch_bounds__(CHUNK) attention_sums(AttnArgs a) {
     const i64 th = (i64)t * a.n_head + h;
     const float s = a.scores[(th * gridDim.z + c) * CHUNK + threadIdx.x];
     const float* pm = a.pmax + th * gridDim.z;
-    float m = pm[c0];
-    for (int k = c0 + 1; k < nc; ++k) m = max_nan(m, pm[k]);
+    float m = pm[c0];  // the max of the chunks' maxes (exact in any order), FOLD at a time
+    for (int k0 = c0 + 1; k0 < nc; k0 += FOLD) {
+        float mb[FOLD];
+#pragma unroll
+        for (int j = 0; j < FOLD; ++j) mb[j] = pm[min(k0 + j, nc - 1)];
+#pragma unroll
+        for (int j = 0; j < FOLD; ++j) m = max_nan(m, mb[j]);
+    }
     const float dc = chunk_sums<D, VPRE>(a, vbase, lo, p, c, s, m, se, sn, smem, vals);
-    publish_and_fold<D>(a, t, h, c, c0, nc, dc, sn, &last);
+    publish_and_fold<D, FOLD>(a, t, h, c, c0, nc, dc, sn, &last);
 }
 
 // ---- prefill, the query heads of a KV head together ---------------------------------------------
