@@ -61,6 +61,10 @@ ATTENTION_DIMS = (64, 128, 256)
 EPI_BIAS, EPI_RESIDUAL, EPI_SWIGLU, EPI_GEGLU = 1, 2, 4, 8
 FLOAT_WEIGHTS = (DType.F32, DType.F16, DType.BF16)
 NORM_THREADS = 1024  # norm.cuh's
+# ... and a decode step's norms' (a row or two a launch: 4 us each on the H200, 61 a SmolLM2
+# step): any power of two from 32 to NORM_THREADS, each thread then taking a longer run of
+# the squares' TREE (the same tree). Until a GPU times fewer: NORM_THREADS
+NORM_DECODE_THREADS = NORM_THREADS
 # a decode product's output normed by its last block (matmul.cu's gemv_q_norm), not by a launch
 # of its own: bit-exact (emulator and H200), and slower: the decode step +43-52 % on the H200
 # (the last block's tail, about 17 us), so off (docs/perf.md)
@@ -396,8 +400,10 @@ class Lowering:
         quantized = False
         for slot, (i, w, qn) in zip("ab", jobs, strict=False):
             quantized |= self._norm_job(getattr(a, slot), i, w, qn, written)
-        self._launch("rows.cu", "rms_norm_f32", (a.a.rows + a.b.rows, 1, 1),
-                     (NORM_THREADS, 1, 1), [a], a.width * 4 if quantized else 0)  # fmt: skip
+        rows = a.a.rows + a.b.rows
+        threads = NORM_DECODE_THREADS if rows <= GEMV_TOKENS[-1] else NORM_THREADS
+        self._launch("rows.cu", "rms_norm_f32", (rows, 1, 1), (threads, 1, 1), [a],
+                     a.width * 4 if quantized else 0)  # fmt: skip
 
     def _norm_job(self, job: NormJobArg, i: int, w: int | None, qn: int | None,
                   written: set[int]) -> bool:  # fmt: skip
