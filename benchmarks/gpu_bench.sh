@@ -24,7 +24,7 @@
 #                                        for `table`
 #   bash benchmarks/gpu_bench.sh ab      VARIANTS (switches joined by commas; "-": as shipped)
 #                                        against each other, two rounds alternated, one process
-#                                        a variant: the replayed decode step at depth 100 and the
+#                                        a variant: the replayed decode step at depth POSITION (100), the
 #                                        512-token prefill, kernel by kernel (bench_gpu_steps.py
 #                                        --profile), then as shipped and with every switch, the
 #                                        decode kernels' own times with PARITY_PDL=0
@@ -63,9 +63,11 @@ if [ "$stage" = quick ]; then
   exit 0
 fi
 # (PREFILL_TILES is on since its A/B; PREFILL_TILES=0 times the kernels it replaced)
-switches=${SWITCHES:-"NORM_AFTER_PRODUCT=1 QKV_HEAD_NORMS=1 GLU_IN_PRODUCT=1"}
+# (the switches still to time, sixth session: the head's loads, flash decoding's fold and
+# register caps, which matter deep in the cache: POSITION=4000, and the norms' block size)
+switches=${SWITCHES:-"WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128"}
 all=${switches// /,}
-variants=${VARIANTS:-"- PREFILL_TILES=0 NORM_AFTER_PRODUCT=1 QKV_HEAD_NORMS=1,GLU_IN_PRODUCT=1 $all"}
+variants=${VARIANTS:-"- WIDE_FIT_ROW=1,WIDE_BLOCKS_PER_SM=7 WIDE_FIT_ROW=1,WIDE_AHEAD=6,WIDE_BLOCKS_PER_SM=4 FOLD_BATCH=8 FOLD_BATCH=8,CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 NORM_DECODE_THREADS=256"}
 if [ "$stage" = candidates ]; then
   (bash .peer/llamacpp-cuda.sh build > /tmp/lcpp_build.txt 2>&1; echo "build rc $?" >> /tmp/lcpp_build.txt) &
   build=$!
@@ -92,7 +94,7 @@ if [ "$stage" = ab ]; then
         echo "== round $round $m $variant"
         [ "$variant" = - ] && variant=
         timeout 60 python3 benchmarks/with_lowering.py ${variant//,/ } -- \
-          benchmarks/bench_gpu_steps.py /tmp/$m.gguf --ctx 4352 --position 100 --runs 100 \
+          benchmarks/bench_gpu_steps.py /tmp/$m.gguf --ctx 4352 --position "${POSITION:-100}" --runs 100 \
           --profile 2>&1 | tail -4
       done
     done
@@ -102,7 +104,7 @@ if [ "$stage" = ab ]; then
       echo "== PDL off: $m $variant"
       [ "$variant" = - ] && variant=
       PARITY_PDL=0 timeout 60 python3 benchmarks/with_lowering.py ${variant//,/ } -- \
-        benchmarks/bench_gpu_steps.py /tmp/$m.gguf --ctx 4352 --position 100 --runs 50 --profile \
+        benchmarks/bench_gpu_steps.py /tmp/$m.gguf --ctx 4352 --position "${POSITION:-100}" --runs 50 --profile \
         2>&1 | tail -4
     done
   done 2>&1 | tee "$out/ab_pdl_off.txt"
