@@ -35,6 +35,9 @@ def main() -> None:
         "before the one before it ends and waits for it, and CUPTI counts the wait: "
         "PARITY_PDL=0 for each kernel's own time)",
     )
+    ap.add_argument(
+        "--prefill", type=int, default=512, help="tokens of the prefill --profile times"
+    )
     ap.add_argument("--numerics", default="exact")
     ap.add_argument(
         "--first-step",
@@ -105,16 +108,17 @@ def main() -> None:
         events(main_split.executable) if main_split.executable is not main_split.eager else None
     )
     if args.profile:
-        prefill = model.graphs(GraphParams(n_tokens=512, n_ctx=args.ctx, n_out=1))
+        n = args.prefill
+        prefill = model.graphs(GraphParams(n_tokens=n, n_ctx=args.ctx, n_out=1))
         pstep = rt.step(prefill, ())
-        pstep.write(graph_inputs(np.arange(512, dtype=np.int32) % 1000, 0))
+        pstep.write(graph_inputs(np.arange(n, dtype=np.int32) % 1000, 0))
         pstep.run()
         step.write(graph_inputs(np.asarray([7], np.int32), args.position))
         step.run()  # the decode step's inputs again, after the prefill's
         decode = main_split.executable
-        for what, exe in (("decode", decode), ("prefill512", pstep._splits[0].eager)):
+        for what, exe in (("decode", decode), (f"prefill{n}", pstep._splits[0].eager)):
             print(what, json.dumps(kernel_times(exe, backend, torch)))
-        print("prefill512_ms_events", round(events(pstep._splits[0].eager) * 1e3, 4))
+        print(f"prefill{n}_ms_events", round(events(pstep._splits[0].eager) * 1e3, 4))
     print(json.dumps({
         "model": model.name, "backend": backend.device.id, "ctx": args.ctx,
         "splits": len(splits), "fallbacks": len(step.plan.fallbacks),

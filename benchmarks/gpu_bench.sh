@@ -28,12 +28,15 @@
 #                                        512-token prefill, kernel by kernel (bench_gpu_steps.py
 #                                        --profile), then as shipped and with every switch, the
 #                                        decode kernels' own times with PARITY_PDL=0
+#   bash benchmarks/gpu_bench.sh deep    kernel by kernel deep in the cache (decode at 4000 and
+#                                        16000, 8000 for SmolLM2) and the 4096-token prefill,
+#                                        with PDL on and off (the table's weakest columns)
 #   bash benchmarks/gpu_bench.sh table   the issue's table beside llama.cpp (bench_gpu.py):
 #                                        decode at depths 0, 4096 and 16384, prefill 128, 512
 #                                        and 4096 (RUNNERS, default cuda:exact and triton:fast;
 #                                        a switch per runner: cuda:exact:lowering.NAME=1)
 set -u
-stage=${1:?usage: gpu_bench.sh check|compare|bench|quick|candidates|ab|table}
+stage=${1:?usage: gpu_bench.sh check|compare|bench|quick|candidates|ab|deep|table}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .wheels/*.whl || exit 1
 export PYTHONPATH=/tmp/site XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -108,6 +111,19 @@ if [ "$stage" = ab ]; then
         2>&1 | tail -4
     done
   done 2>&1 | tee "$out/ab_pdl_off.txt"
+  exit 0
+fi
+if [ "$stage" = deep ]; then  # where depth and long prompts go: kernel by kernel, PDL off too
+  for m in $models; do
+    ctx=16640; pos=16000; [ "$m" = smollm2-135m ] && { ctx=8192; pos=8000; }
+    for pdl in 1 0; do
+      for p in 4000 $pos; do
+        echo "== $m decode at $p, prefill 4096, PDL $pdl"
+        PARITY_PDL=$pdl timeout 120 python3 benchmarks/bench_gpu_steps.py /tmp/$m.gguf \
+          --ctx $ctx --position $p --prefill 4096 --runs 50 --profile 2>&1 | tail -4
+      done
+    done
+  done 2>&1 | tee "$out/deep.txt"
   exit 0
 fi
 if [ "$stage" = table ]; then
