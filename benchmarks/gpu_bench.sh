@@ -67,10 +67,11 @@ if [ "$stage" = quick ]; then
 fi
 # (PREFILL_TILES is on since its A/B; PREFILL_TILES=0 times the kernels it replaced)
 # (the switches still to time, sixth session: the head's loads, flash decoding's fold and
-# register caps, which matter deep in the cache: POSITION=4000, and the norms' block size)
-switches=${SWITCHES:-"WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128"}
+# register caps, which matter deep in the cache: POSITION=4000, the norms' block size, and the
+# prefill GEMM's blocks a multiprocessor)
+switches=${SWITCHES:-"WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3"}
 all=${switches// /,}
-variants=${VARIANTS:-"- WIDE_FIT_ROW=1,WIDE_BLOCKS_PER_SM=7 WIDE_FIT_ROW=1,WIDE_AHEAD=6,WIDE_BLOCKS_PER_SM=4 FOLD_BATCH=8 FOLD_BATCH=8,CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 NORM_DECODE_THREADS=256"}
+variants=${VARIANTS:-"- WIDE_FIT_ROW=1,WIDE_BLOCKS_PER_SM=7 WIDE_FIT_ROW=1,WIDE_AHEAD=6,WIDE_BLOCKS_PER_SM=4 FOLD_BATCH=8 FOLD_BATCH=8,CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 NORM_DECODE_THREADS=256 MMA_MIN_BLOCKS=3"}
 if [ "$stage" = candidates ]; then
   (bash .peer/llamacpp-cuda.sh build > /tmp/lcpp_build.txt 2>&1; echo "build rc $?" >> /tmp/lcpp_build.txt) &
   build=$!

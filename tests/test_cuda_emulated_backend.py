@@ -128,6 +128,25 @@ def test_flash_decoding_switches_are_bit_exact_in_the_emulator(case, monkeypatch
         "attention_chunks", "attention_sums"}, launched  # fmt: skip
 
 
+@pytest.mark.parametrize("case", ["matmul-Q5_0-40x896-t33", "matmul_swiglu-Q4_K-40x512-t35"])
+def test_gemm_of_three_blocks_a_multiprocessor_is_bit_exact_in_the_emulator(case, monkeypatch):
+    """MMA_MIN_BLOCKS=3: gemm_mma instantiated with a register cap (the emulator runs its
+    code; the cap matters on a GPU only)."""
+    from cuda_emulator.backend import EmulatedDriver
+
+    from parity.backends.cuda import lowering
+    from parity.conformance.harness import judge
+
+    monkeypatch.setattr(lowering, "MMA_MIN_BLOCKS", 3)
+    launched: list[str] = []
+    launch = EmulatedDriver.launch
+    monkeypatch.setattr(EmulatedDriver, "launch", lambda self, made, stream: (
+        launched.append(self.library.kernel(made.fn)[1]), launch(self, made, stream)))  # fmt: skip
+    result = judge(_backend, CASES[case].build())
+    assert result.verdict == "exact", result.explain()
+    assert any(n.startswith("gemm_mma<") and n.endswith(", 3>") for n in launched), launched
+
+
 NORMS = [c for c in CASES if c.startswith("rms_norm") or "-norm-" in c or "-norms-" in c]
 
 

@@ -55,6 +55,11 @@ GEMV_MAX_ROUNDS = 128  # rounds of 32 sub-blocks a warp's TREE holds (matmul.cu'
 GEMM_TILE = {False: (32, 64), True: (32, 32)}  # (rows, tokens) per block; gated: fewer tokens
 MMA_TILE = 32  # rows and tokens of a gemm_mma block (matmul.cu's MmaGeom BN, BT)
 MMA_THREADS = 256  # its threads
+# ... and the blocks a multiprocessor should hold (its __launch_bounds__' minimum): 2, 128
+# registers; 3 caps them at 80 (12-56 bytes spilled) for 24 warps a multiprocessor instead of
+# 16 (Qwen's gate/up GEMM: 3.9 of a 12 ms 512-token prefill, far from the tensor cores' speed,
+# latency-bound). Until a GPU times 3: 2
+MMA_MIN_BLOCKS = 2
 MMA_WSTRIDE = 80  # words of a row of its unpacked quants
 MMA_BLOCK_PAIRS = 10  # (d, s) pairs a token's row of activation blocks takes (MmaGeom::DS)
 ATTENTION_DIMS = (64, 128, 256)
@@ -756,7 +761,8 @@ class Lowering:
         gated = bool(epi & (EPI_SWIGLU | EPI_GEGLU))
         shared = gemm_mma_shared(w.dtype, gated, k)
         if shared is not None:  # the tensor-core GEMM
-            self._launch("matmul.cu", f"gemm_mma<{w.dtype.value}, {epi}>",
+            mma = f"{w.dtype.value}, {epi}" + ("" if MMA_MIN_BLOCKS == 2 else f", {MMA_MIN_BLOCKS}")
+            self._launch("matmul.cu", f"gemm_mma<{mma}>",
                          (-(-n // MMA_TILE), -(-t // MMA_TILE), 1), (MMA_THREADS, 1, 1),
                          [pointer(out), xq, *common], shared)  # fmt: skip
             return False

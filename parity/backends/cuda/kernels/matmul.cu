@@ -812,8 +812,8 @@ __device__ __forceinline__ float tree_finish_at(float* st, int stride, int count
     return st[(31 - __clz(width)) * stride];
 }
 
-template <int QT, int EPI>
-__global__ void __launch_bounds__(MMA_THREADS, 2)
+template <int QT, int EPI, int MINB = 2>  // (MINB: blocks a multiprocessor, the lowering's)
+__global__ void __launch_bounds__(MMA_THREADS, MINB)
 gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
          int T, int N, int K, i64 row_bytes) {
     pdl_begin();
