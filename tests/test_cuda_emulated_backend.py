@@ -54,6 +54,29 @@ def _backend(reverse: bool = False):
 CASES = {spec.id: spec for spec in op_suite()}
 
 
+def _judge_with(case: str, monkeypatch, **switches) -> list[tuple[str, int]]:
+    """Case ``case`` judged bit-exact with the lowering's ``switches`` set; the kernels it
+    launched (name, threads a block)."""
+    from cuda_emulator.backend import EmulatedDriver
+
+    from parity.backends.cuda import lowering
+    from parity.conformance.harness import judge
+
+    for name, value in switches.items():
+        monkeypatch.setattr(lowering, name, value)
+    launched: list[tuple[str, int]] = []
+    launch = EmulatedDriver.launch
+
+    def recorded(self, made, stream):
+        launched.append((self.library.kernel(made.fn)[1], made.block[0]))
+        launch(self, made, stream)
+
+    monkeypatch.setattr(EmulatedDriver, "launch", recorded)
+    result = judge(_backend, CASES[case].build())
+    assert result.verdict == "exact", result.explain()
+    return launched
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if c not in SLOW])
 def test_conformance_case_is_bit_exact_in_the_emulator(case) -> None:
     from parity.conformance.harness import judge
@@ -84,18 +107,7 @@ def test_switched_fusions_are_bit_exact_in_the_emulator(switch, case, monkeypatc
     and ROPEs by the q/k/v launch, gate, up and GEGLU as one gated product; bit for bit, and
     the fused kernel launched; and a one-token product of many rows by gemv_q_wide's few
     warps, each taking many rows."""
-    from cuda_emulator.backend import EmulatedDriver
-
-    from parity.backends.cuda import lowering
-    from parity.conformance.harness import judge
-
-    monkeypatch.setattr(lowering, switch, True)
-    launched: list[str] = []
-    launch = EmulatedDriver.launch
-    monkeypatch.setattr(EmulatedDriver, "launch", lambda self, made, stream: (
-        launched.append(self.library.kernel(made.fn)[1]), launch(self, made, stream)))  # fmt: skip
-    result = judge(_backend, CASES[case].build())
-    assert result.verdict == "exact", result.explain()
+    launched = [name for name, _ in _judge_with(case, monkeypatch, **{switch: True})]
     kernel = SWITCHED[switch][1]
     assert any(kernel in name for name in launched), launched
     for alone in {"NORM_AFTER_PRODUCT": ["rms_norm_f32"], "QKV_HEAD_NORMS": ["rope_f32<1>"],
@@ -111,39 +123,16 @@ DEEP = ["attention-8x2x128-p4000-t1", "attention-window9000-2x1x64-p9500-t1"]
 
 @pytest.mark.parametrize("case", DEEP)
 def test_flash_decoding_switches_are_bit_exact_in_the_emulator(case, monkeypatch) -> None:
-    from cuda_emulator.backend import EmulatedDriver
-
-    from parity.backends.cuda import lowering
-    from parity.conformance.harness import judge
-
-    for name, value in (("FOLD_BATCH", 8), ("CHUNKS_MIN_BLOCKS", 2), ("SUMS_MIN_BLOCKS", 2)):
-        monkeypatch.setattr(lowering, name, value)
-    launched: list[str] = []
-    launch = EmulatedDriver.launch
-    monkeypatch.setattr(EmulatedDriver, "launch", lambda self, made, stream: (
-        launched.append(self.library.kernel(made.fn)[1]), launch(self, made, stream)))  # fmt: skip
-    result = judge(_backend, CASES[case].build())
-    assert result.verdict == "exact", result.explain()
-    assert {n.split("<")[0] for n in launched if n.endswith(", 2, 8>")} == {
-        "attention_chunks", "attention_sums"}, launched  # fmt: skip
+    launched = _judge_with(case, monkeypatch, FOLD_BATCH=8, CHUNKS_MIN_BLOCKS=2, SUMS_MIN_BLOCKS=2)
+    names = {name.split("<")[0] for name, _ in launched if name.endswith(", 2, 8>")}
+    assert names == {"attention_chunks", "attention_sums"}, launched
 
 
 @pytest.mark.parametrize("case", ["matmul-Q5_0-40x896-t33", "matmul_swiglu-Q4_K-40x512-t35"])
 def test_gemm_of_three_blocks_a_multiprocessor_is_bit_exact_in_the_emulator(case, monkeypatch):
     """MMA_MIN_BLOCKS=3: gemm_mma instantiated with a register cap (the emulator runs its
     code; the cap matters on a GPU only)."""
-    from cuda_emulator.backend import EmulatedDriver
-
-    from parity.backends.cuda import lowering
-    from parity.conformance.harness import judge
-
-    monkeypatch.setattr(lowering, "MMA_MIN_BLOCKS", 3)
-    launched: list[str] = []
-    launch = EmulatedDriver.launch
-    monkeypatch.setattr(EmulatedDriver, "launch", lambda self, made, stream: (
-        launched.append(self.library.kernel(made.fn)[1]), launch(self, made, stream)))  # fmt: skip
-    result = judge(_backend, CASES[case].build())
-    assert result.verdict == "exact", result.explain()
+    launched = [name for name, _ in _judge_with(case, monkeypatch, MMA_MIN_BLOCKS=3)]
     assert any(n.startswith("gemm_mma<") and n.endswith(", 3>") for n in launched), launched
 
 
@@ -156,19 +145,8 @@ def test_decode_norms_of_fewer_threads_are_bit_exact_in_the_emulator(case, threa
     """NORM_DECODE_THREADS: a decode step's norms by blocks of fewer threads, each thread a
     longer run of the squares' TREE (and Gemma 3's 1,152-wide chained norm at 32: 64 a
     thread); the same tree, the same bits."""
-    from cuda_emulator.backend import EmulatedDriver
-
-    from parity.backends.cuda import lowering
-    from parity.conformance.harness import judge
-
-    monkeypatch.setattr(lowering, "NORM_DECODE_THREADS", threads)
-    blocks: list[int] = []
-    launch = EmulatedDriver.launch
-    monkeypatch.setattr(EmulatedDriver, "launch", lambda self, made, stream: (
-        blocks.append(made.block[0]) if self.library.kernel(made.fn)[1] == "rms_norm_f32"
-        else None, launch(self, made, stream)))  # fmt: skip
-    result = judge(_backend, CASES[case].build())
-    assert result.verdict == "exact", result.explain()
+    launched = _judge_with(case, monkeypatch, NORM_DECODE_THREADS=threads)
+    blocks = [block for name, block in launched if name == "rms_norm_f32"]
     assert threads in blocks, blocks
 
 
