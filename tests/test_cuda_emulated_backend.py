@@ -92,8 +92,8 @@ SWITCHED = {
     "NORM_AFTER_PRODUCT": ("-norm-", "gemv_q_norm<"),
     "QKV_HEAD_NORMS": ("head-norms", ", 6>"),  # (gemv_q_multi's ROPE mode: neox + HEAD_NORM)
     "GLU_IN_PRODUCT": ("fusion-geglu-", "gemv_q_q8<"),
-    "WIDE_GEMV": ("matmul-wide-", "gemv_q_wide<"),
-    "WIDE_FIT_ROW": ("matmul-wide-", "gemv_q_wide<"),
+    "WIDE_GEMV": ("-wide-", "gemv_q_wide<"),
+    "WIDE_FIT_ROW": ("-wide-", ", 3, 1>"),  # (gemv_q_wide's PER: rows of 256, one load)
 }
 DECODE_SWITCHES = ("NORM_AFTER_PRODUCT", "QKV_HEAD_NORMS", "GLU_IN_PRODUCT", "WIDE_GEMV",
                    "WIDE_FIT_ROW")  # fmt: skip

@@ -141,6 +141,9 @@ KERNELS = [
     ("matmul.cu", "gemm_q<14, 10, 1>"),
     ("matmul.cu", "gemm_q<12, 6, 4>"),
     *(("matmul.cu", f"gemm_mma<{t}, {e}>") for t in (2, 3, 6, 8, 12, 14) for e in (0, 1, 2, 4)),
+    ("matmul.cu", "gemm_mma<6, 4, 3>"),  # (the switches' instantiations: MMA_MIN_BLOCKS ...)
+    ("matmul.cu", "gemv_q_wide<8, 0, 3>"),
+    ("matmul.cu", "gemv_q_wide<8, 0, 6, 2>"),  # (... WIDE_FIT_ROW, FOLD_BATCH, MIN_BLOCKS)
     ("rows.cu", "advance_i32"),
     ("rows.cu", "gelu_f32"),
     ("rows.cu", "glu_f32<1>"),
@@ -150,6 +153,8 @@ KERNELS = [
     ("attention.cu", "attention_chunks<64>"),
     ("attention.cu", "attention_sums<64>"),
     ("attention.cu", "attention_sums<256>"),
+    ("attention.cu", "attention_chunks<64, 2, 8>"),
+    ("attention.cu", "attention_sums<64, 2, 8>"),
     ("attention.cu", "attention_rows_gqa<64, 7>"),
     ("attention.cu", "attention_rows_gqa<256, 4>"),
     *(("attention.cu", f"attention_tiles<{d}>") for d in (64, 128, 256)),

@@ -430,6 +430,10 @@ def op_suite() -> list[CaseSpec]:
         specs.append(_spec(name, Op.MATMUL, dtype, _matmul(dtype, 2051, 256, 1), seed=2051))
     specs.append(_spec("matmul-head-Q8_0-40009x640-t1", Op.MATMUL, DType.Q8_0,
                        _matmul(DType.Q8_0, 40009, 640, 1), seed=40009))  # fmt: skip
+    specs.append(_spec("matmul-wide-bias-Q5_0-2051x256-t1", Op.MATMUL, DType.Q5_0,
+                       _matmul(DType.Q5_0, 2051, 256, 1, bias=True), seed=2052))  # fmt: skip
+    specs.append(_spec("matmul_add-wide-bias-Q6_K-2051x256-t1", Op.MATMUL_ADD, DType.Q6_K,
+                       _matmul_add(DType.Q6_K, 2051, 256, 1, bias=True), seed=2053))  # fmt: skip
     # more tokens than a GEMV takes (a backend's GEMM path): tiles cut short by rows and tokens,
     # rows whose last 256-element stage is partial (K = 896), rows of only 4 blocks (K = 128)
     for dtype in WEIGHT_TYPES:

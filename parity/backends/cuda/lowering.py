@@ -110,7 +110,7 @@ TILE_BLOCKS = 256  # ... and as few tokens a block as give this many blocks (abo
 # the Gemma 3 twin even at depth 100 (docs/perf.md)
 CHUNKS_ONE_LAUNCH = {64: 2, 128: 2, 256: 0}
 # ... and the blocks a multiprocessor should hold of each flash-decoding kernel (its
-# __launch_bounds__' second argument; 0: none): none leaves attention_chunks 186 registers at
+# __launch_bounds__' second argument; 0: none): none leaves attention_chunks 188 registers at
 # heads of 64, one block a multiprocessor, where a deep cache gives hundreds of blocks (Qwen at
 # depth 16,384: 896 a layer); 2 caps them at 128 (76 bytes spilled). Until a GPU times them: 0
 CHUNKS_MIN_BLOCKS = 0
@@ -407,6 +407,7 @@ class Lowering:
             quantized |= self._norm_job(getattr(a, slot), i, w, qn, written)
         rows = a.a.rows + a.b.rows
         threads = NORM_DECODE_THREADS if rows <= GEMV_TOKENS[-1] else NORM_THREADS
+        threads = max(threads, next_pow2(a.width) // 256)  # (norm.cuh: 256 squares a thread)
         self._launch("rows.cu", "rms_norm_f32", (rows, 1, 1), (threads, 1, 1), [a],
                      a.width * 4 if quantized else 0)  # fmt: skip
 

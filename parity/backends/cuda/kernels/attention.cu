@@ -346,6 +346,7 @@ __global__ void __launch_bounds__(CHUNK) attention_rows(AttnArgs a) {
 template <int D, int FOLD>
 __device__ __forceinline__ void publish_and_fold(const AttnArgs& a, int t, int h, int c, int c0,
                                                  int nc, float dc, const float* sn, int* last) {
+    static_assert(FOLD >= 1, "chunks a fold batch");
     const i64 th = (i64)t * a.n_head + h;
     float* part = a.part + th * gridDim.z * (D + 1);
     if (threadIdx.x < D) part[(i64)c * (D + 1) + threadIdx.x] = sn[threadIdx.x];

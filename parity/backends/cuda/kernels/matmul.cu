@@ -290,6 +290,7 @@ template <int QT, int EPI, int AHEAD, int PER = Round<QT>::PER_LANE>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_q_wide(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
             int T, int N, int K, i64 row_bytes) {
+    static_assert(AHEAD >= 1, "a ring of one slot would compute a row before loading it");
     constexpr int L = Layout<QT>::L;
     __shared__ int4 copies[GEMV_WARPS][Round<QT>::VECS];
     u8* smem = reinterpret_cast<u8*>(copies[threadIdx.x >> 5]);
