@@ -80,6 +80,11 @@ if [ "$stage" = candidates ]; then
   echo "== parity conformance cuda with $switches"
   timeout 200 python3 benchmarks/with_lowering.py $switches -- -m parity conformance cuda 2>&1 \
     | tee "$out/conformance_switches.txt" | tail -3
+  echo "== parity conformance cuda -k matmul, every one-token product of 528 rows or more wide"
+  for fit in 0 1; do  # (on an H200 only the 40,009-row head case reaches gemv_q_wide otherwise)
+    timeout 100 python3 benchmarks/with_lowering.py WIDE_MIN_ROWS=1 WIDE_BLOCKS_PER_SM=1 \
+      WIDE_FIT_ROW=$fit -- -m parity conformance cuda -k matmul 2>&1 | tail -1
+  done
   for m in $models; do
     echo "== compare cpu,cuda $m with $switches"
     timeout 100 python3 benchmarks/with_lowering.py $switches -- benchmarks/gpu_compare.py \
