@@ -23,11 +23,14 @@
 #                                        with them on (and Gemma 3's off), while llama.cpp builds
 #                                        for `table`
 #   bash benchmarks/gpu_bench.sh ab      VARIANTS (switches joined by commas; "-": as shipped)
-#                                        against each other, two rounds alternated, one process
-#                                        a variant: the replayed decode step at depth POSITION (100), the
-#                                        512-token prefill, kernel by kernel (bench_gpu_steps.py
-#                                        --profile), then as shipped and with every switch, the
-#                                        decode kernels' own times with PARITY_PDL=0
+#                                        against each other, ROUNDS (2) rounds alternated, one
+#                                        process a variant: the replayed decode step at depth
+#                                        POSITION (100), the 512-token prefill, kernel by kernel
+#                                        (bench_gpu_steps.py --profile), then (PDL_OFF=0: not)
+#                                        as shipped and with every switch, the decode kernels'
+#                                        own times with PARITY_PDL=0. About 17 s a model and
+#                                        variant a round: the default 8 variants take a call a
+#                                        model (MODELS=...)
 #   bash benchmarks/gpu_bench.sh deep    kernel by kernel deep in the cache (decode at 4000 and
 #                                        16000, 8000 for SmolLM2) and the 4096-token prefill,
 #                                        with PDL on and off (the table's weakest columns)
@@ -96,8 +99,8 @@ if [ "$stage" = candidates ]; then
   wait $build; cp /tmp/lcpp_build.txt "$out/"; tail -1 /tmp/lcpp_build.txt
   exit 0
 fi
-if [ "$stage" = ab ]; then
-  for round in 1 2; do
+if [ "$stage" = ab ]; then  # (about 17 s a model and variant a round: MODELS=one a call)
+  for round in $(seq "${ROUNDS:-2}"); do
     for m in $models; do
       for variant in $variants; do
         echo "== round $round $m $variant"
@@ -108,6 +111,7 @@ if [ "$stage" = ab ]; then
       done
     done
   done 2>&1 | tee "$out/ab.txt"
+  [ "${PDL_OFF:-1}" = 0 ] && exit 0
   for m in $models; do
     for variant in - "$all"; do
       echo "== PDL off: $m $variant"
