@@ -72,9 +72,9 @@ fi
 # (the switches still to time, sixth session: the head's loads, flash decoding's fold and
 # register caps, which matter deep in the cache: POSITION=4000, the norms' block size, and the
 # prefill GEMM's blocks a multiprocessor)
-switches=${SWITCHES:-"WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3"}
+switches=${SWITCHES:-"WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1"}
 all=${switches// /,}
-variants=${VARIANTS:-"- WIDE_FIT_ROW=1,WIDE_BLOCKS_PER_SM=7 WIDE_FIT_ROW=1,WIDE_AHEAD=6,WIDE_BLOCKS_PER_SM=4 FOLD_BATCH=8 FOLD_BATCH=8,CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 NORM_DECODE_THREADS=256 MMA_MIN_BLOCKS=3"}
+variants=${VARIANTS:-"- WIDE_FIT_ROW=1,WIDE_BLOCKS_PER_SM=7 WIDE_FIT_ROW=1,WIDE_AHEAD=6,WIDE_BLOCKS_PER_SM=4 FOLD_BATCH=8 FOLD_BATCH=8,CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 NORM_DECODE_THREADS=256 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1"}
 if [ "$stage" = candidates ]; then
   (bash .peer/llamacpp-cuda.sh build > /tmp/lcpp_build.txt 2>&1; echo "build rc $?" >> /tmp/lcpp_build.txt) &
   build=$!
@@ -83,10 +83,11 @@ if [ "$stage" = candidates ]; then
   echo "== parity conformance cuda with $switches"
   timeout 200 python3 benchmarks/with_lowering.py $switches -- -m parity conformance cuda 2>&1 \
     | tee "$out/conformance_switches.txt" | tail -3
-  echo "== parity conformance cuda -k matmul, every one-token product of 528 rows or more wide"
+  echo "== parity conformance cuda -k matmul -k argmax, every one-token product of 528 rows or more wide"
   for fit in 0 1; do  # (on an H200 only the 40,009-row head case reaches gemv_q_wide otherwise)
     timeout 100 python3 benchmarks/with_lowering.py WIDE_MIN_ROWS=1 WIDE_BLOCKS_PER_SM=1 \
-      WIDE_FIT_ROW=$fit -- -m parity conformance cuda -k matmul 2>&1 | tail -1
+      WIDE_FIT_ROW=$fit ARGMAX_IN_HEAD=$fit -- -m parity conformance cuda -k matmul -k argmax \
+      2>&1 | tail -1
   done
   for m in $models; do
     echo "== compare cpu,cuda $m with $switches"

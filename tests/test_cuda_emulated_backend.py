@@ -93,10 +93,11 @@ SWITCHED = {
     "QKV_HEAD_NORMS": ("head-norms", ", 6>"),  # (gemv_q_multi's ROPE mode: neox + HEAD_NORM)
     "GLU_IN_PRODUCT": ("fusion-geglu-", "gemv_q_q8<"),
     "WIDE_GEMV": ("-wide-", "gemv_q_wide<"),
-    "WIDE_FIT_ROW": ("-wide-", ", 3, 1>"),  # (gemv_q_wide's PER: rows of 256, one load)
+    "WIDE_FIT_ROW": ("-wide-", ", 3, 1, 0>"),  # (gemv_q_wide's PER: rows of 256, one load)
+    "ARGMAX_IN_HEAD": ("head-argmax", ", 1>"),
 }
 DECODE_SWITCHES = ("NORM_AFTER_PRODUCT", "QKV_HEAD_NORMS", "GLU_IN_PRODUCT", "WIDE_GEMV",
-                   "WIDE_FIT_ROW")  # fmt: skip
+                   "WIDE_FIT_ROW", "ARGMAX_IN_HEAD")  # fmt: skip
 
 
 @pytest.mark.parametrize("switch, case", [(name, c) for name, (part, _) in SWITCHED.items()
@@ -110,10 +111,15 @@ def test_switched_fusions_are_bit_exact_in_the_emulator(switch, case, monkeypatc
     launched = [name for name, _ in _judge_with(case, monkeypatch, **{switch: True})]
     kernel = SWITCHED[switch][1]
     assert any(kernel in name for name in launched), launched
-    for alone in {"NORM_AFTER_PRODUCT": ["rms_norm_f32"], "QKV_HEAD_NORMS": ["rope_f32<1>"],
-                  "GLU_IN_PRODUCT": ["glu_f32<1>"], "WIDE_GEMV": ["gemv_q<"],
-                  "WIDE_FIT_ROW": ["gemv_q<"]}[switch]:  # fmt: skip
-        assert not any(name.startswith(alone) for name in launched), launched
+    alone = {
+        "NORM_AFTER_PRODUCT": "rms_norm_f32",
+        "QKV_HEAD_NORMS": "rope_f32<1>",
+        "GLU_IN_PRODUCT": "glu_f32<1>",
+        "WIDE_GEMV": "gemv_q<",
+        "WIDE_FIT_ROW": "gemv_q<",
+        "ARGMAX_IN_HEAD": "argmax_f32",
+    }[switch]  # (what the fused kernel replaces)
+    assert not any(name.startswith(alone) for name in launched), launched
 
 
 # flash decoding deep in a cache (17 and 37 chunks, the second in a window) with its

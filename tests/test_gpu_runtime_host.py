@@ -144,6 +144,7 @@ KERNELS = [
     ("matmul.cu", "gemm_mma<6, 4, 3>"),  # (the switches' instantiations: MMA_MIN_BLOCKS ...)
     ("matmul.cu", "gemv_q_wide<8, 0, 3>"),
     ("matmul.cu", "gemv_q_wide<8, 0, 6, 2>"),  # (... WIDE_FIT_ROW, FOLD_BATCH, MIN_BLOCKS)
+    ("matmul.cu", "gemv_q_wide<8, 0, 3, 3, 1>"),  # (... ARGMAX_IN_HEAD)
     ("rows.cu", "advance_i32"),
     ("rows.cu", "gelu_f32"),
     ("rows.cu", "glu_f32<1>"),

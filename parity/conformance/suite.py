@@ -340,6 +340,17 @@ def _unfused_qkv(dtype: DType, e: int, q: int, kv: int, t: int):
     return make
 
 
+def _head_argmax(dtype: DType, n: int, k: int, special: bool):
+    """Greedy decoding's end: the output head's one row of logits, then its ARGMAX (a GPU
+    backend may take the ARGMAX in the product's launch)."""
+
+    def make(g: _Builder) -> Ref:
+        x = g.input("x", activations(g.rng, (1, k), special=special))
+        return g.op(Op.ARGMAX, g.op(Op.MATMUL, x, g.weight("w", dtype, (n, k))))
+
+    return make
+
+
 def _unfused_attention_out(
     dtype: DType, n_head: int, n_kv: int, head_dim: int, start: int, t: int, n_ctx: int
 ):
@@ -716,6 +727,9 @@ def fused_suite() -> list[CaseSpec]:
                 _unfused_attention_block(dtype, e, heads, mode, bias, 40, t, 256, spec.rms_eps),
                 rewrite=True,
             )
+    for special in (False, True):  # (special x: NaN and infinite logits, the first NaN wins)
+        add(f"fusion-head-argmax{'-special' * special}-Q8_0-2051x256-t1", Op.ARGMAX, DType.Q8_0,
+            _head_argmax(DType.Q8_0, 2051, 256, special), rewrite=True)  # fmt: skip
     # a norm wider than a norm block's threads (cuda's rms_norm_f32: runs of two squares a
     # thread), not a power of two, before the products of a decode step
     wide = _unfused_ffn(DType.Q4_K, 1536, 256, 1, qwen.rms_eps)

@@ -101,6 +101,10 @@ WIDE_AHEAD = 3  # ... rows whose weights a warp has asked for before the one it 
 # sub-blocks (Q8_0 rows of 640: 2 loads a lane, not 3), leaving room for more rows ahead
 WIDE_FIT_ROW = False
 WIDE_MIN_ROWS = 8  # ... where each warp gets at least this many rows
+# ... and the ARGMAX that reads it (greedy decoding) in the same launch: its blocks' keys
+# folded by the last block (an atomic ticket), the logits still written; one launch fewer a
+# step. Until a GPU times it: off
+ARGMAX_IN_HEAD = False
 TILE_ROWS = 32  # ... query rows (heads x tokens) a block at most, heads of 64 (half: wider)
 TILE_TOKENS = 32  # ... and tokens (attention.cu's TILE_TOKENS)
 TILE_BLOCKS = 256  # ... and as few tokens a block as give this many blocks (about 2 an H200 SM)
@@ -132,6 +136,11 @@ def flash_kernel(name: str, d: int, min_blocks: int) -> str:
 
 def grid1(n: int, per: int = 256, cap: int = 65535) -> tuple[int, int, int]:
     return (max(1, min(cap, -(-n // per))), 1, 1)
+
+
+def round_bytes(dtype: DType) -> int:
+    """Bytes of one GEMV round of a row: 32 sub-blocks (matmul.cu's Round::BYTES)."""
+    return dtype.nbytes(32 * (16 if dtype is DType.Q6_K else 32))
 
 
 def gemv_warps_per_row(dtype: DType, k: int) -> int:
@@ -750,11 +759,21 @@ class Lowering:
                 return False
             wide = self._wide_blocks(w.dtype, t, n, k, epi)
             if wide:
-                name = f"gemv_q_wide<{w.dtype.value}, {epi}, {WIDE_AHEAD}>"
-                if WIDE_FIT_ROW:  # a lane's 16-byte loads of a row from its aligned start
-                    per = -(-((row_bytes + 30) // 16) // 32)
-                    name = f"gemv_q_wide<{w.dtype.value}, {epi}, {WIDE_AHEAD}, {per}>"
-                self._launch("matmul.cu", name, (wide, 1, 1), block, [pointer(out), xq, *common])
+                # a lane's 16-byte loads of a row, from its aligned start: as many as a whole
+                # round of 32 sub-blocks takes (matmul.cu's Round::PER_LANE), or the row's own
+                per = -(-((row_bytes if WIDE_FIT_ROW else round_bytes(w.dtype)) + 30) // 16 // 32)
+                argmax = self._argmax_of(node)
+                tail = [pointer(None)] * 3
+                if argmax is not None:  # the token, and scratch: the blocks' keys, a ticket
+                    keys = self.new_scratch(DType.I32, (2 * wide,))  # unsigned 64-bit keys
+                    ticket = self.new_scratch(DType.I32, (1,))  # zero: scratch is zeroed
+                    self.out.scratch += [keys, ticket]
+                    tail = [self._ptr(argmax), pointer(keys), pointer(ticket)]
+                    self.done.add(argmax)
+                fused = int(argmax is not None)
+                name = f"gemv_q_wide<{w.dtype.value}, {epi}, {WIDE_AHEAD}, {per}, {fused}>"
+                self._launch("matmul.cu", name, (wide, 1, 1), block,
+                             [pointer(out), xq, *common, *tail])  # fmt: skip
                 return False
             self._launch("matmul.cu", f"gemv_q<{kind}>", grid, block,
                          [pointer(out), xq, *common])  # fmt: skip
@@ -775,6 +794,14 @@ class Lowering:
                      (-(-n // bn), -(-t // bt), 1), (256, 1, 1),
                      [pointer(out), xq, *common])  # fmt: skip
         return False
+
+    def _argmax_of(self, i: int | None) -> int | None:
+        """With ARGMAX_IN_HEAD, the ARGMAX that reads product ``i``'s one row (greedy
+        decoding's), for gemv_q_wide to do too; None when there is none."""
+        if not ARGMAX_IN_HEAD or i is None:
+            return None
+        follow = [u for u in self.readers.get(i, []) if u in self.inside and u not in self.done]
+        return self._fused_reader(follow, Op.ARGMAX)
 
     def _wide_blocks(self, dtype: DType, t: int, n: int, k: int, epi: int) -> int:
         """With WIDE_GEMV, the blocks of a gemv_q_wide launch for a one-token product of ``n``

@@ -54,6 +54,37 @@ __device__ __forceinline__ bool last_block(int* ticket, int count, int& last) {
     return true;
 }
 
+// ---- ARGMAX keys (rows.cu's argmax_f32, matmul.cu's head with its ARGMAX) ----------------
+
+// (value, index) as one key whose unsigned order is argmax's (docs/numerics.md: NaN above every
+// number, the first index on ties): the value's bits made
+// order-preserving (every NaN the largest, -0 the same as +0), then the index inverted so that
+// the first index wins a tie. The max of keys is exact in any order.
+__device__ __forceinline__ unsigned long long arg_key(float v, int i) {
+    u32 b = 0xffffffffu;  // NaN
+    if (v == v) {
+        b = v == 0.0f ? 0u : __float_as_uint(v);
+        b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    }
+    return ((unsigned long long)b << 32) | (u32)~i;
+}
+
+__device__ __forceinline__ unsigned long long key_max(unsigned long long a, unsigned long long b) {
+    return a > b ? a : b;
+}
+
+__device__ __forceinline__ unsigned long long block_key_max(unsigned long long k,
+                                                             unsigned long long* smem) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) k = key_max(k, __shfl_xor_sync(FULL_MASK, k, off));
+    if (lane == 0) smem[warp] = k;
+    __syncthreads();
+    k = smem[0];
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) k = key_max(k, smem[w]);
+    return k;
+}
+
 // ---- bits --------------------------------------------------------------------------------
 
 __device__ __forceinline__ float bits_f32(u32 b) { return __uint_as_float(b); }

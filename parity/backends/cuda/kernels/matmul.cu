@@ -285,11 +285,14 @@ gemv_q(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float
 // per multiprocessor) and asks for each row's weights AHEAD rows before it computes it, so
 // a warp keeps several rows' bytes in flight, where gemv_q's warps take one row and their block
 // then exits, and x's quants are loaded once a warp. A row's leaves and butterfly are gemv_q's
-// (one round: lane l holds leaf l): the same bits.
-template <int QT, int EPI, int AHEAD, int PER = Round<QT>::PER_LANE>
+// (one round: lane l holds leaf l): the same bits. ARG: the ARGMAX of the row too (greedy
+// decoding's token, into ``arg``): each warp keeps the largest (value, index) key of its rows
+// (rows.cu's keys: the same answer as argmax_f32), each block writes its own to ``keys``, and
+// the last block to finish (an atomic ticket) takes their max and resets ``ticket``.
+template <int QT, int EPI, int AHEAD, int PER = Round<QT>::PER_LANE, int ARG = 0>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_q_wide(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
-            int T, int N, int K, i64 row_bytes) {
+            int T, int N, int K, i64 row_bytes, int* arg, unsigned long long* keys, int* ticket) {
     static_assert(AHEAD >= 1, "a ring of one slot would compute a row before loading it");
     constexpr int L = Layout<QT>::L;
     __shared__ int4 copies[GEMV_WARPS][Round<QT>::VECS];
@@ -298,6 +301,7 @@ gemv_q_wide(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const 
     const int S = K / L, width = next_pow2(S);  // S <= 32 (the lowering's)
     const int step = gridDim.x * GEMV_WARPS;
     const int first = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    unsigned long long best = 0;  // ARG: below every real key
     Stage<QT, PER> ring[AHEAD + 1];  // (PER: a row's loads, given by the lowering)
 #pragma unroll
     for (int j = 0; j < AHEAD; ++j) {  // weights: no kernel writes them
@@ -329,8 +333,26 @@ gemv_q_wide(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const 
             __syncwarp();
             const float term = leaf ? sub_term<QT>(a, mn, dx, sx, dot_words<L / 4>(wq, xw)) : 0.0f;
             const float v = warp_tree(term, width);
-            if (lane == 0) y[n] = epilogue<EPI>(v, v, bias, res, 0, n, N);
+            if (lane == 0) {
+                const float out = epilogue<EPI>(v, v, bias, res, 0, n, N);
+                y[n] = out;
+                if (ARG) best = key_max(best, arg_key(out, n));
+            }
         }
+    }
+    if (!ARG) return;
+    __shared__ unsigned long long wkeys[GEMV_WARPS];
+    __shared__ int last;
+    best = block_key_max(best, wkeys);  // (lane 0's keys; the others hold 0, below every key)
+    if (threadIdx.x == 0) keys[blockIdx.x] = best;
+    if (!last_block(ticket, gridDim.x, last)) return;
+    __syncthreads();  // (wkeys is reused)
+    best = 0;
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) best = key_max(best, __ldcg(keys + b));
+    best = block_key_max(best, wkeys);
+    if (threadIdx.x == 0) {
+        *arg = (int)~(u32)(best & 0xffffffffu);
+        *ticket = 0;  // ready for the next launch or replay
     }
 }
 
