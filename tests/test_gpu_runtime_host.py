@@ -222,6 +222,22 @@ def test_no_contraction_in_the_generated_code(compiler):
 # -- lowering, with stand-in device buffers -----------------------------------------------------
 
 
+def test_the_wide_heads_loads_a_lane_cover_a_round_as_matmul_cu_counts_them():
+    """gemv_q_wide's PER by default is Round<QT>::PER_LANE (VECS = (BYTES + 15) / 16 + 1 loads
+    over 32 lanes), so the lowering names the instantiation the GPU timed; and any row's copy,
+    from an aligned start up to 15 bytes below it, fits the loads it is given."""
+    from parity.backends.cuda.lowering import lane_loads, round_bytes
+    from parity.core.dtypes import DType
+
+    for dtype in (t for t in DType if t.is_quantized and t is not DType.Q8A):
+        b = round_bytes(dtype)
+        assert lane_loads(b) == ((b + 15) // 16 + 1 + 31) // 32, dtype
+        for nbytes in range(1, b + 1):
+            assert all(
+                (offset + nbytes + 15) // 16 <= 32 * lane_loads(nbytes) for offset in range(16)
+            )
+
+
 class _FakeTensor:
     """Stands in for a device tensor: an address, and slices that keep one."""
 

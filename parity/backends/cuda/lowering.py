@@ -138,15 +138,26 @@ def grid1(n: int, per: int = 256, cap: int = 65535) -> tuple[int, int, int]:
     return (max(1, min(cap, -(-n // per))), 1, 1)
 
 
+def sub_block(dtype: DType) -> int:
+    """Elements of one of a quantized type's sub-blocks (a TREE leaf of its products)."""
+    return 16 if dtype is DType.Q6_K else 32
+
+
 def round_bytes(dtype: DType) -> int:
     """Bytes of one GEMV round of a row: 32 sub-blocks (matmul.cu's Round::BYTES)."""
-    return dtype.nbytes(32 * (16 if dtype is DType.Q6_K else 32))
+    return dtype.nbytes(32 * sub_block(dtype))
+
+
+def lane_loads(nbytes: int) -> int:
+    """The 16-byte loads a lane of a warp makes to copy ``nbytes`` from the aligned address at
+    or below their first byte (matmul.cu's Stage: at most (nbytes + 30) // 16 loads)."""
+    return -(-((nbytes + 30) // 16) // 32)
 
 
 def gemv_warps_per_row(dtype: DType, k: int) -> int:
     """Warps computing one output row of a quantized GEMV (matmul.cu's WPR): one per round of 32
     sub-blocks of the row's TREE, up to GEMV_WARPS, so long rows spread over a block."""
-    rounds = max(1, next_pow2(k // (16 if dtype is DType.Q6_K else 32)) // 32)
+    rounds = max(1, next_pow2(k // sub_block(dtype)) // 32)
     if rounds > GEMV_MAX_ROUNDS * GEMV_WARPS:
         raise BackendError(
             f"a {dtype.name} product over K = {k} is wider than the cuda GEMV's TREE holds "
@@ -180,7 +191,7 @@ def gemm_mma_shared(dtype: DType, gated: bool, k: int) -> int | None:
     """Bytes of dynamic shared memory of matmul.cu's gemm_mma for a product over K (its
     MmaShared, then the TREE counters of levels LOG .. log2(W)), or None where it does not
     apply: rows shorter than a stage's subtree (W < SUBS) go to gemm_q."""
-    sub = 16 if dtype is DType.Q6_K else 32
+    sub = sub_block(dtype)
     subs, log = 256 // sub, (3 if sub == 32 else 4)
     width = next_pow2(k // sub)
     if width < subs:
@@ -759,9 +770,9 @@ class Lowering:
                 return False
             wide = self._wide_blocks(w.dtype, t, n, k, epi)
             if wide:
-                # a lane's 16-byte loads of a row, from its aligned start: as many as a whole
-                # round of 32 sub-blocks takes (matmul.cu's Round::PER_LANE), or the row's own
-                per = -(-((row_bytes if WIDE_FIT_ROW else round_bytes(w.dtype)) + 30) // 16 // 32)
+                # a lane's loads of a row: as many as a whole round of 32 sub-blocks takes
+                # (matmul.cu's Round::PER_LANE), or with WIDE_FIT_ROW the row's own
+                per = lane_loads(row_bytes if WIDE_FIT_ROW else round_bytes(w.dtype))
                 argmax = self._argmax_of(node)
                 tail = [pointer(None)] * 3
                 if argmax is not None:  # the token, and scratch: the blocks' keys, a ticket
@@ -786,7 +797,7 @@ class Lowering:
                          (-(-n // MMA_TILE), -(-t // MMA_TILE), 1), (MMA_THREADS, 1, 1),
                          [pointer(out), xq, *common], shared)  # fmt: skip
             return False
-        sub = 16 if w.dtype is DType.Q6_K else 32
+        sub = sub_block(w.dtype)
         maxl = max(6, tree_levels(next_pow2(k // sub)))
         maxl = next(m for m in (6, 8, 10, 12) if m >= maxl)
         bn, bt = GEMM_TILE[gated]
@@ -807,7 +818,7 @@ class Lowering:
         """With WIDE_GEMV, the blocks of a gemv_q_wide launch for a one-token product of ``n``
         rows of one round each (the output head), where each of its warps gets at least
         WIDE_MIN_ROWS rows; else 0 (gemv_q)."""
-        sub = 16 if dtype is DType.Q6_K else 32
+        sub = sub_block(dtype)
         if not WIDE_GEMV or t != 1 or epi & (EPI_SWIGLU | EPI_GEGLU) or next_pow2(k // sub) > 32:
             return 0
         blocks = self.multiprocessors * WIDE_BLOCKS_PER_SM

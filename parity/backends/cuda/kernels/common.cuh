@@ -85,6 +85,20 @@ __device__ __forceinline__ unsigned long long block_key_max(unsigned long long k
     return k;
 }
 
+// The max of ``count`` keys that other blocks wrote (read at L2), by the whole block, after
+// a barrier (``smem`` may have just been read by block_key_max); and the index a key holds.
+__device__ __forceinline__ unsigned long long keys_max(const unsigned long long* keys, int count,
+                                                       unsigned long long* smem) {
+    unsigned long long k = 0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) k = key_max(k, __ldcg(keys + i));
+    __syncthreads();
+    return block_key_max(k, smem);
+}
+
+__device__ __forceinline__ int key_index(unsigned long long k) {
+    return (int)~(u32)(k & 0xffffffffu);
+}
+
 // ---- bits --------------------------------------------------------------------------------
 
 __device__ __forceinline__ float bits_f32(u32 b) { return __uint_as_float(b); }

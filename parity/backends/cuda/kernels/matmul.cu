@@ -346,12 +346,9 @@ gemv_q_wide(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const 
     best = block_key_max(best, wkeys);  // (lane 0's keys; the others hold 0, below every key)
     if (threadIdx.x == 0) keys[blockIdx.x] = best;
     if (!last_block(ticket, gridDim.x, last)) return;
-    __syncthreads();  // (wkeys is reused)
-    best = 0;
-    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) best = key_max(best, __ldcg(keys + b));
-    best = block_key_max(best, wkeys);
+    best = keys_max(keys, gridDim.x, wkeys);
     if (threadIdx.x == 0) {
-        *arg = (int)~(u32)(best & 0xffffffffu);
+        *arg = key_index(best);
         *ticket = 0;  // ready for the next launch or replay
     }
 }

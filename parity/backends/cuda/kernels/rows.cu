@@ -241,13 +241,9 @@ argmax_f32(int* out, const float* x, int width, unsigned long long* keys, int* t
     __syncthreads();
     if (!last) return;
     __threadfence();
-    k = 0;
-    for (int sl = threadIdx.x; sl < slices; sl += blockDim.x)
-        k = key_max(k, __ldcg(keys + (i64)row * slices + sl));
-    __syncthreads();  // smem is reused
-    k = block_key_max(k, smem);
+    k = keys_max(keys + (i64)row * slices, slices, smem);
     if (threadIdx.x == 0) {
-        out[row] = (int)~(u32)(k & 0xffffffffu);
+        out[row] = key_index(k);
         tickets[row] = 0;
     }
 }
