@@ -30,7 +30,9 @@
 #                                        as shipped and with every switch, the decode kernels'
 #                                        own times with PARITY_PDL=0. About 17 s a model and
 #                                        variant a round: the default 8 variants take a call a
-#                                        model (MODELS=...)
+#                                        model (MODELS=...). DEEP=1: the deep variants instead
+#                                        (flash decoding's switches) at POSITION (4000) in a
+#                                        cache of CTX (4352; 16640 for POSITION=16000)
 #   bash benchmarks/gpu_bench.sh deep    kernel by kernel deep in the cache (decode at 4000 and
 #                                        16000, 8000 for SmolLM2) and the 4096-token prefill,
 #                                        with PDL on and off (the table's weakest columns)
@@ -72,9 +74,18 @@ fi
 # (the switches still to time, sixth session: the head's loads, flash decoding's fold and
 # register caps, which matter deep in the cache: POSITION=4000, the norms' block size, and the
 # prefill GEMM's blocks a multiprocessor)
-switches=${SWITCHES:-"WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1"}
+# (seventh session: a deep token's chunks by a block a KV head, HEADS_TOGETHER_CHUNKS)
+together="HEADS_TOGETHER_CHUNKS[64]=3 HEADS_TOGETHER_CHUNKS[128]=3 HEADS_TOGETHER_CHUNKS[256]=8"
+switches=${SWITCHES:-"WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 $together"}
 all=${switches// /,}
-variants=${VARIANTS:-"- WIDE_FIT_ROW=1,WIDE_BLOCKS_PER_SM=7 WIDE_FIT_ROW=1,WIDE_AHEAD=6,WIDE_BLOCKS_PER_SM=4 FOLD_BATCH=8 FOLD_BATCH=8,CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 NORM_DECODE_THREADS=256 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1"}
+if [ "${DEEP:-0}" = 1 ]; then  # flash decoding's switches, deep in the cache
+  fold=FOLD_BATCH=8; caps=CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2
+  gqa="HEADS_TOGETHER_CHUNKS[64]=3,HEADS_TOGETHER_CHUNKS[256]"
+  variants=${VARIANTS:-"- $fold $fold,$caps $fold,$gqa=1 $fold,$gqa=16 $fold,$caps,$gqa=1"}
+  POSITION=${POSITION:-4000}
+else
+  variants=${VARIANTS:-"- WIDE_FIT_ROW=1,WIDE_BLOCKS_PER_SM=7 WIDE_FIT_ROW=1,WIDE_AHEAD=6,WIDE_BLOCKS_PER_SM=4 FOLD_BATCH=8 FOLD_BATCH=8,CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 NORM_DECODE_THREADS=256 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1"}
+fi
 if [ "$stage" = candidates ]; then
   (bash .peer/llamacpp-cuda.sh build > /tmp/lcpp_build.txt 2>&1; echo "build rc $?" >> /tmp/lcpp_build.txt) &
   build=$!
@@ -107,7 +118,7 @@ if [ "$stage" = ab ]; then  # (about 17 s a model and variant a round: MODELS=on
         echo "== round $round $m $variant"
         [ "$variant" = - ] && variant=
         timeout 60 python3 benchmarks/with_lowering.py ${variant//,/ } -- \
-          benchmarks/bench_gpu_steps.py /tmp/$m.gguf --ctx 4352 --position "${POSITION:-100}" --runs 100 \
+          benchmarks/bench_gpu_steps.py /tmp/$m.gguf --ctx "${CTX:-4352}" --position "${POSITION:-100}" --runs 100 \
           --profile 2>&1 | tail -4
       done
     done
@@ -118,7 +129,7 @@ if [ "$stage" = ab ]; then  # (about 17 s a model and variant a round: MODELS=on
       echo "== PDL off: $m $variant"
       [ "$variant" = - ] && variant=
       PARITY_PDL=0 timeout 60 python3 benchmarks/with_lowering.py ${variant//,/ } -- \
-        benchmarks/bench_gpu_steps.py /tmp/$m.gguf --ctx 4352 --position "${POSITION:-100}" --runs 50 --profile \
+        benchmarks/bench_gpu_steps.py /tmp/$m.gguf --ctx "${CTX:-4352}" --position "${POSITION:-100}" --runs 50 --profile \
         2>&1 | tail -4
     done
   done 2>&1 | tee "$out/ab_pdl_off.txt"

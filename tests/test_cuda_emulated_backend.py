@@ -134,6 +134,17 @@ def test_flash_decoding_switches_are_bit_exact_in_the_emulator(case, monkeypatch
     assert names == {"attention_chunks", "attention_sums"}, launched
 
 
+@pytest.mark.parametrize("case", DEEP)
+def test_flash_decoding_heads_together_are_bit_exact_in_the_emulator(case, monkeypatch):
+    """HEADS_TOGETHER_CHUNKS: the deep token's chunks by a block a KV head for its 4 (heads of
+    128) or 2 query heads, with the fold's batches of 8."""
+    launched = _judge_with(case, monkeypatch, FOLD_BATCH=8,
+                           HEADS_TOGETHER_CHUNKS={64: 3, 128: 3, 256: 3})  # fmt: skip
+    heads = 4 if "x128-" in case else 2
+    names = {name.split("<")[0] for name, _ in launched if name.endswith(f", 8, {heads}, 3>")}
+    assert names == {"attention_chunks", "attention_sums"}, launched
+
+
 @pytest.mark.parametrize("case", ["matmul-Q5_0-40x896-t33", "matmul_swiglu-Q4_K-40x512-t35"])
 def test_gemm_of_three_blocks_a_multiprocessor_is_bit_exact_in_the_emulator(case, monkeypatch):
     """MMA_MIN_BLOCKS=3: gemm_mma instantiated with a register cap (the emulator runs its

@@ -39,6 +39,13 @@ KERNELS = [
     "attention_sums<64>",
     "attention_chunks<256>",
     "attention_sums<256>",
+    # a deep token's chunks by a block a KV head (HEADS_TOGETHER_CHUNKS): <d, MINB, FOLD, H, HC>
+    "attention_chunks<64, 0, 8, 3, 3>",
+    "attention_sums<64, 0, 8, 3, 3>",
+    "attention_chunks<64, 0, 1, 7, 5>",
+    "attention_sums<64, 0, 1, 7, 5>",
+    "attention_chunks<256, 0, 8, 2, 1>",
+    "attention_sums<256, 0, 8, 2, 1>",
 ]
 
 
@@ -56,10 +63,12 @@ def ptr(a: np.ndarray | None) -> int | None:
 
 
 def run(lib, kind, q, k, v, pos, *, nh, nkv, d, scale, window=0, one_launch=2, quantize=False,
-        tile=0, shared=None):  # fmt: skip
+        tile=0, shared=None, together=None):  # fmt: skip
     """The lowering's launches for ``kind`` (rows, gqa, tiles, chunks), on host arrays: out and,
     with ``quantize``, its Q8 activations (q, d, s). ``tile``: attention_tiles' tokens a block
-    (0: the lowering's choice); ``shared``: its dynamic shared memory (None: the lowering's)."""
+    (0: the lowering's choice); ``shared``: its dynamic shared memory (None: the lowering's).
+    ``together``: flash decoding's (FOLD, HC) with the query heads of a KV head in one block
+    from HC chunks on (None: a block a head)."""
     t, n_ctx = q.shape[0], k.shape[0]
     out = np.full_like(q, np.nan)
     a = AttnArg()
@@ -81,8 +90,9 @@ def run(lib, kind, q, k, v, pos, *, nh, nkv, d, scale, window=0, one_launch=2, q
         pmax = np.full(th * chunks, np.nan, F32)
         a.part, a.tickets, a.scores, a.pmax = ptr(part), ptr(tickets), ptr(scores), ptr(pmax)
         a.chunks_one_launch = one_launch
-        lib.launch(f"attention_chunks<{d}>", (nh, t, chunks), (CHUNK,), [a])
-        lib.launch(f"attention_sums<{d}>", (nh, t, chunks), (CHUNK,), [a])
+        args = f"{d}" if together is None else f"{d}, 0, {together[0]}, {nh // nkv}, {together[1]}"
+        lib.launch(f"attention_chunks<{args}>", (nh, t, chunks), (CHUNK,), [a])
+        lib.launch(f"attention_sums<{args}>", (nh, t, chunks), (CHUNK,), [a])
         assert not tickets.any(), "the tickets are zero again between launches"
     elif kind == "tiles":
         tq = tile or tile_tokens(t, nh // nkv, nkv, d)
@@ -119,7 +129,7 @@ def inputs(seed, t, n_ctx, nh, nkv, d, pos, q_scale=1.0, window=0, poison_unseen
 
 
 def check(lib, kind, *, seed, nh, nkv, d, pos, n_ctx, window=0, one_launch=2, q_scale=1.0, tile=0,
-          poison_unseen=False):  # fmt: skip
+          poison_unseen=False, together=None):  # fmt: skip
     pos = np.asarray(pos, np.int32)
     q, k, v = inputs(seed, len(pos), n_ctx, nh, nkv, d, pos, q_scale, window, poison_unseen)
     scale = float(F32(1 / np.sqrt(d)))
@@ -127,7 +137,7 @@ def check(lib, kind, *, seed, nh, nkv, d, pos, n_ctx, window=0, one_launch=2, q_
                          window=window)  # fmt: skip
     out, oq, od, os_ = run(lib, kind, q, k, v, pos, nh=nh, nkv=nkv, d=d, scale=scale,
                            window=window, one_launch=one_launch, quantize=True,
-                           tile=tile)  # fmt: skip
+                           tile=tile, together=together)  # fmt: skip
     assert out.tobytes() == want.tobytes(), np.argwhere(out.view(np.int32) != want.view(np.int32))
     wq = quantize_activations(want)
     assert oq.tobytes() == wq.q.tobytes()
@@ -213,6 +223,30 @@ def test_flash_decoding_heads_of_64(lib, one_launch, window) -> None:
 
 def test_flash_decoding_heads_of_256(lib) -> None:
     check(lib, "chunks", seed=5, nh=2, nkv=1, d=256, pos=[3, 600], n_ctx=768, one_launch=0)
+
+
+@pytest.mark.parametrize("window", [0, 300])
+def test_flash_decoding_heads_of_a_kv_head_together(lib, window) -> None:
+    """Three heads of two KV heads in one block from 3 chunks on (and past 2): position 256
+    sees 2 chunks (a block a head, one launch), 700 and 1030 three and five (a block a KV head,
+    each chunk's K and V read once for its heads; 1030 in a window of 300 sees three)."""
+    check(lib, "chunks", seed=7, nh=6, nkv=2, d=64, pos=[0, 256, 700, 1030], n_ctx=1100,
+          window=window, q_scale=4.0, poison_unseen=True, together=(8, 3))  # fmt: skip
+
+
+def test_flash_decoding_seven_heads_together_from_five_chunks(lib) -> None:
+    """Qwen's 7 heads a KV head, from 5 chunks on: 700 sees 3 (through scratch, a block a
+    head), 1300 and 1799 six and eight (a block a KV head), in one launch; the fold a chunk at a
+    time."""
+    check(lib, "chunks", seed=8, nh=14, nkv=2, d=64, pos=[100, 700, 1300, 1799], n_ctx=1800,
+          q_scale=4.0, together=(1, 5))  # fmt: skip
+
+
+def test_flash_decoding_heads_of_256_together(lib) -> None:
+    """Heads of 256, every token through scratch (one_launch 0) and a block a KV head from the
+    first chunk: depth 3 sums one batch of V rows, 600 three chunks."""
+    check(lib, "chunks", seed=9, nh=4, nkv=2, d=256, pos=[3, 600], n_ctx=768, one_launch=0,
+          together=(8, 1))  # fmt: skip
 
 
 def test_all_zero_values_keep_their_sign(lib) -> None:

@@ -156,6 +156,10 @@ KERNELS = [
     ("attention.cu", "attention_sums<256>"),
     ("attention.cu", "attention_chunks<64, 2, 8>"),
     ("attention.cu", "attention_sums<64, 2, 8>"),
+    ("attention.cu", "attention_chunks<64, 0, 8, 7, 3>"),  # (... HEADS_TOGETHER_CHUNKS)
+    ("attention.cu", "attention_sums<64, 0, 8, 7, 3>"),
+    ("attention.cu", "attention_chunks<256, 0, 8, 4, 8>"),
+    ("attention.cu", "attention_sums<256, 0, 8, 4, 8>"),
     ("attention.cu", "attention_rows_gqa<64, 7>"),
     ("attention.cu", "attention_rows_gqa<256, 4>"),
     *(("attention.cu", f"attention_tiles<{d}>") for d in (64, 128, 256)),

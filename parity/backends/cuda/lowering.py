@@ -123,12 +123,21 @@ SUMS_MIN_BLOCKS = 0
 # maxes) loads together: 1, one L2 round trip a chunk after another (64 at depth 16,384);
 # 8 issues a batch's loads at once. Until a GPU times it: 1
 FOLD_BATCH = 1
+# ... and a deep token's chunks (seen from this many on, and more than CHUNKS_ONE_LAUNCH) by a
+# block a KV head for its query heads, K and V read once for them, not once a head: Qwen at
+# depth 16,384 gives 128 blocks a layer, not 896 (H = 2 .. GQA_HEADS_MAX heads whose q and
+# sums fit, HEADS_WIDTH_MAX floats). 0: a block a head. Until a GPU times it: 0
+HEADS_TOGETHER_CHUNKS = {64: 0, 128: 0, 256: 0}
+HEADS_WIDTH_MAX = 1024  # ... (attention.cu's shared memory: 36 KiB of tiles, 4 KiB of q)
 NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs
 
 
-def flash_kernel(name: str, d: int, min_blocks: int) -> str:
-    """attention_chunks' or attention_sums' name for heads of ``d``, ``min_blocks`` and
-    FOLD_BATCH."""
+def flash_kernel(name: str, d: int, min_blocks: int, heads: int = 1) -> str:
+    """attention_chunks' or attention_sums' name for heads of ``d``, ``min_blocks``,
+    FOLD_BATCH and ``heads`` query heads a KV head (HEADS_TOGETHER_CHUNKS)."""
+    chunks = HEADS_TOGETHER_CHUNKS[d]
+    if chunks > 0 and 2 <= heads <= GQA_HEADS_MAX and heads * d <= HEADS_WIDTH_MAX:
+        return f"{name}<{d}, {min_blocks}, {FOLD_BATCH}, {heads}, {chunks}>"
     if min_blocks == 0 and FOLD_BATCH == 1:
         return f"{name}<{d}>"
     return f"{name}<{d}, {min_blocks}, {FOLD_BATCH}>"
@@ -663,10 +672,13 @@ class Lowering:
                 scores = self._shared_scratch("scores", DType.F32, th * chunks * 256)
                 pmax = self._shared_scratch("pmax", DType.F32, th * chunks)
                 a.scores, a.pmax = scores.data_ptr(), pmax.data_ptr()
-            self._launch("attention.cu", flash_kernel("attention_chunks", d, CHUNKS_MIN_BLOCKS),
+            heads = arg.n_head // arg.n_head_kv
+            self._launch("attention.cu",
+                         flash_kernel("attention_chunks", d, CHUNKS_MIN_BLOCKS, heads),
                          grid, (256, 1, 1), [a])  # fmt: skip
             if more:
-                self._launch("attention.cu", flash_kernel("attention_sums", d, SUMS_MIN_BLOCKS),
+                self._launch("attention.cu",
+                             flash_kernel("attention_sums", d, SUMS_MIN_BLOCKS, heads),
                              grid, (256, 1, 1), [a])  # fmt: skip
         elif PREFILL_TILES and arg.n_head // arg.n_head_kv <= tile_rows(d):
             heads = arg.n_head // arg.n_head_kv

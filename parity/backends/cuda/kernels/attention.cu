@@ -165,18 +165,68 @@ __device__ __forceinline__ float block_max(float v, float* smem) {
     return m;
 }
 
-// TREE over the 256 slots, thread j holding slot j (blockDim.x == CHUNK)
-__device__ __forceinline__ float chunk_tree(float v, float* smem) {
+// ---- the query heads of a KV head together --------------------------------------------------
+//
+// H query heads' maxes, TREEs and scores at once, one array element a head (H = 1: block_max's
+// and the 256-slot TREE's operations, for one head). ``red``: H x 8 floats of shared memory.
+template <int H>
+__device__ __forceinline__ void heads_max(float (&v)[H], float* red) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    v = warp_tree(v, 32);
-    if (lane == 0) smem[warp] = v;
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+            v[h] = max_nan(v[h], __shfl_xor_sync(FULL_MASK, v[h], off));
+        if (lane == 0) red[h * 8 + warp] = v[h];
+    }
     __syncthreads();
-    float r = smem[0];
-    // the 8 warp sums, adjacent pairs: ((w0 + w1) + (w2 + w3)) + ((w4 + w5) + (w6 + w7))
-    r = __fadd_rn(__fadd_rn(__fadd_rn(smem[0], smem[1]), __fadd_rn(smem[2], smem[3])),
-                  __fadd_rn(__fadd_rn(smem[4], smem[5]), __fadd_rn(smem[6], smem[7])));
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+        float m = red[h * 8];
+        for (int w = 1; w < 8; ++w) m = max_nan(m, red[h * 8 + w]);
+        v[h] = m;
+    }
     __syncthreads();
-    return r;
+}
+
+// each head's TREE over the 256 slots (chunk_tree, H at once)
+template <int H>
+__device__ __forceinline__ void heads_tree(float (&v)[H], float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+        const float w = warp_tree(v[h], 32);
+        if (lane == 0) red[h * 8 + warp] = w;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+        const float* r = red + h * 8;
+        v[h] = __fadd_rn(__fadd_rn(__fadd_rn(r[0], r[1]), __fadd_rn(r[2], r[3])),
+                         __fadd_rn(__fadd_rn(r[4], r[5]), __fadd_rn(r[6], r[7])));
+    }
+    __syncthreads();
+}
+
+// this thread's slot's scores in the chunk at row0 (its warp's first row), for the H heads
+// (kb: the first slab's loads, load_k<1>(kb, ..., row0, 0), issued by the caller)
+template <int D, int H>
+__device__ __forceinline__ void heads_scores(float (&s)[H], float4 (&kb)[1][8], const float* sq,
+                                             const float* kbase, int width, int p, int row0,
+                                             float scale, float* tile) {
+    constexpr int SLABS = D / 32;
+    float st[H][10];
+#pragma unroll(SLABS <= 2 ? SLABS : 1)  // (wide heads: a loop, or compiling takes minutes)
+    for (int slab = 0; slab < SLABS; ++slab) {
+        stage_k<1>(tile, kb, 0);
+        __syncwarp();
+        if (slab + 1 < SLABS) load_k<1>(kb, kbase, width, p, row0, slab + 1);
+#pragma unroll
+        for (int h = 0; h < H; ++h) push_slab(st[h], tile, sq + h * D, slab * 32);
+        __syncwarp();
+    }
+#pragma unroll
+    for (int h = 0; h < H; ++h) s[h] = __fmul_rn(tree_finish<10>(st[h], D, D), scale);
 }
 
 // The max of the scores of chunks [c0, c1) that hold positions lo .. p (-inf if none: -inf
@@ -210,33 +260,43 @@ __device__ __forceinline__ float chunk_score(const AttnArgs& a, const float* sq,
     return s;
 }
 
-// chunk c's D_c (returned) and N_c (into sn[0 .. D)) with the max m, from this thread's slot's
-// score s. Thread (part, i) sums the values of its run's rows at dimension i: the first VPRE
-// from ``vpre`` (loaded by the caller, early), the rest loaded here 32 at a time; with VPRE > 0
-// (flash decoding, a block a chunk: registers to spare) each batch is loaded ahead of the one
-// before's sums.
-template <int D, int VPRE = 0>
-__device__ float chunk_sums(const AttnArgs& a, const float* vbase, int lo, int p, int c, float s,
-                            float m, float* se, float* sn, float* smem,
-                            const float (&vpre)[VPRE > 0 ? VPRE : 1]) {
+// chunk c's D_c and N_c for H query heads of one KV head (H = 1: one head), with the maxes m,
+// from this thread's slot's scores s: D_c of head h into s[h], N_c of head h at dimension i into
+// sn[h D + i]. se: H x 256 floats (the weights, then the runs), red: H x 8. Thread (part, i)
+// sums the values of its run's rows at dimension i for every head: the first VPRE from ``vpre``
+// (loaded by the caller, early), the rest loaded here 32 at a time; with VPRE > 0 (flash
+// decoding, a block a chunk: registers to spare) each batch is loaded ahead of the one before's
+// sums.
+template <int D, int VPRE = 0, int H = 1>
+__device__ void chunk_sums(const AttnArgs& a, const float* vbase, int lo, int p, int c,
+                           float (&s)[H], const float (&m)[H], float* se, float* sn, float* red,
+                           const float (&vpre)[VPRE > 0 ? VPRE : 1]) {
     constexpr int PARTS = CHUNK / D;
     const int width = a.n_head_kv * D;
-    const int pos = c * CHUNK + threadIdx.x;
-    float e = 0.0f;  // padding: +0.0 literally
-    if (seen(pos, lo, p)) e = p_exp(__fsub_rn(s, m));
-    se[threadIdx.x] = e;
-    const float den = chunk_tree(e, smem);  // (its barrier also publishes se)
+    const bool slot_seen = seen(c * CHUNK + threadIdx.x, lo, p);
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+        float e = 0.0f;  // padding: +0.0 literally
+        if (slot_seen) e = p_exp(__fsub_rn(s[h], m[h]));
+        se[h * CHUNK + threadIdx.x] = s[h] = e;
+    }
+    heads_tree<H>(s, red);  // D_c (its barrier also publishes se)
     const int i = threadIdx.x % D, part = threadIdx.x / D;
-    float st[10];
+    float st[H][10];
     const int first = c * CHUNK + part * D;
+    auto push = [&](int j, float v) {  // row first + j's value, into every head's run
+        const bool in = seen(first + j, lo, p);
+#pragma unroll
+        for (int h = 0; h < H; ++h) {
+            const float e = se[h * CHUNK + part * D + j];
+            tree_push<10>(st[h], j, in ? __fmul_rn(e, v) : 0.0f);
+        }
+    };
     // the run's values in batches of 32 loads issued together (one memory latency per batch,
     // not one per row); rows past p read row p, a valid one, and are dropped, as are rows
     // before lo
 #pragma unroll
-    for (int j = 0; j < VPRE; ++j) {
-        const float e = se[part * D + j];
-        tree_push<10>(st, j, seen(first + j, lo, p) ? __fmul_rn(e, vpre[j]) : 0.0f);
-    }
+    for (int j = 0; j < VPRE; ++j) push(j, vpre[j]);
     // the rest. Ahead: batch b + 1's loads are issued before batch b is summed, and a barrier
     // keeps them there (left alone, ptxas moves each load next to its use: one memory latency
     // per row, 77 us a launch for heads of 256). Not ahead (attention_rows, whose registers the
@@ -264,35 +324,37 @@ __device__ float chunk_sums(const AttnArgs& a, const float* vbase, int lo, int p
         if (AHEAD) __syncthreads();
         if (!live(j0)) continue;
 #pragma unroll
-        for (int j = 0; j < 32; ++j) {
-            const float e = se[part * D + j0 + j];
-            const bool in = seen(first + j0 + j, lo, p);
-            tree_push<10>(st, j0 + j, in ? __fmul_rn(e, now[j]) : 0.0f);
-        }
+        for (int j = 0; j < 32; ++j) push(j0 + j, now[j]);
         pushed = j0 + 32;
     }
-    float run = tree_finish<10>(st, pushed, D);
+    float run[H];
+#pragma unroll
+    for (int h = 0; h < H; ++h) run[h] = tree_finish<10>(st[h], pushed, D);
     __syncthreads();
-    se[threadIdx.x] = run;  // runs by (part, i)
+#pragma unroll
+    for (int h = 0; h < H; ++h) se[h * CHUNK + threadIdx.x] = run[h];  // runs by (part, i)
     __syncthreads();
-    if (threadIdx.x < D) {
-        float r;
-        if (PARTS == 1) r = se[i];
-        else if (PARTS == 2) r = __fadd_rn(se[i], se[D + i]);
-        else r = __fadd_rn(__fadd_rn(se[i], se[D + i]), __fadd_rn(se[2 * D + i], se[3 * D + i]));
-        sn[i] = r;
+    for (int o = threadIdx.x; o < H * D; o += CHUNK) {  // N_c of (head o / D, dimension o % D)
+        const float* r = se + (o / D) * CHUNK + o % D;
+        float n;
+        if (PARTS == 1) n = r[0];
+        else if (PARTS == 2) n = __fadd_rn(r[0], r[D]);
+        else n = __fadd_rn(__fadd_rn(r[0], r[D]), __fadd_rn(r[2 * D], r[3 * D]));
+        sn[o] = n;
     }
     __syncthreads();
-    return den;
 }
 
+// out[t, col] = num / den, and its Q8 block when wanted, where ``on``: uniform across a warp,
+// whose 32 columns make one Q8 block (D is a multiple of 32)
 template <int D>
-__device__ __forceinline__ void store_out(const AttnArgs& a, int t, int h, float num, float den) {
+__device__ __forceinline__ void store_out(const AttnArgs& a, int t, int col, bool on, float num,
+                                          float den) {
     const int width = a.n_head * D;
     const float o = __fdiv_rn(num, den);
-    if (threadIdx.x < D) a.out[(i64)t * width + h * D + threadIdx.x] = o;
-    if (a.oq != nullptr && threadIdx.x < D) {  // D is a multiple of 32: whole Q8 blocks
-        const int nb = width / 32, b = (h * D + threadIdx.x) / 32;
+    if (on) a.out[(i64)t * width + col] = o;
+    if (a.oq != nullptr && on) {
+        const int nb = width / 32, b = col / 32;
         quantize_block(o, a.oq + (i64)t * width + b * 32, a.od + (i64)t * nb + b,
                        a.os + (i64)t * nb + b);
     }
@@ -326,54 +388,108 @@ __global__ void __launch_bounds__(CHUNK) attention_rows(AttnArgs a) {
     });
     float num = 0.0f, den = 0.0f;
     for (int c = c0; c < nc; ++c) {
-        const float s = c - c0 < KEEP_CHUNKS ? kept[(c - c0) * CHUNK + threadIdx.x]
-                                             : chunk_score<D>(a, sq, kbase, p, c, tile);
-        const float dc = chunk_sums<D>(a, vbase, lo, p, c, s, m, se, sn, smem, NO_VALUES);
+        float s[1] = {c - c0 < KEEP_CHUNKS ? kept[(c - c0) * CHUNK + threadIdx.x]
+                                           : chunk_score<D>(a, sq, kbase, p, c, tile)};
+        chunk_sums<D>(a, vbase, lo, p, c, s, {m}, se, sn, smem, NO_VALUES);
+        const float dc = s[0];
         const float nci = threadIdx.x < D ? sn[threadIdx.x] : 0.0f;
         den = c == c0 ? dc : __fadd_rn(den, dc);
         num = c == c0 ? nci : __fadd_rn(num, nci);
         __syncthreads();
     }
-    store_out<D>(a, t, h, num, den);
+    store_out<D>(a, t, h * D + threadIdx.x, threadIdx.x < D, num, den);
 }
 
 // ---- flash decoding -------------------------------------------------------------------------
 
+// Whether a token that sees chunks c0 .. nc - 1 takes the deep path with the query heads of a
+// KV head in one block (from HC chunks on; both launches agree), and that block's KV head g and
+// chunk c: the launch's first n_head_kv x chunks blocks (x fastest, then z; the rest exit).
+template <int HC>
+__device__ __forceinline__ bool heads_together(const AttnArgs& a, int c0, int nc) {
+    return nc - c0 > a.chunks_one_launch && nc - c0 >= HC;
+}
 
-// Chunk c's sums (D_c = dc, N_c in sn) into the head's scratch; the last block of the head to
-// finish (an atomic ticket) folds the chunks c0 .. nc - 1 in order and writes the output.
-// grid (n_head, T, chunks). FOLD: the chunks whose partials are loaded together.
-template <int D, int FOLD>
-__device__ __forceinline__ void publish_and_fold(const AttnArgs& a, int t, int h, int c, int c0,
-                                                 int nc, float dc, const float* sn, int* last) {
+__device__ __forceinline__ void kv_block(const AttnArgs& a, int& g, int& c) {
+    const int l = blockIdx.x + gridDim.x * blockIdx.z;
+    g = l % a.n_head_kv;
+    c = l / a.n_head_kv;
+}
+
+// Chunk c's sums of the H heads h0 .. h0 + H - 1 (D_c = dc[h], N_c in sn[h D ..]) into their
+// scratch; the last of the blocks sharing head h0's ticket (an atomic) folds the chunks c0 ..
+// nc - 1 of each head in order and writes the outputs. grid (n_head, T, chunks). FOLD: the
+// chunks whose partials are loaded together.
+template <int D, int FOLD, int H = 1>
+__device__ __forceinline__ void publish_and_fold(const AttnArgs& a, int t, int h0, int c, int c0,
+                                                 int nc, const float (&dc)[H], const float* sn,
+                                                 int* last) {
     static_assert(FOLD >= 1, "chunks a fold batch");
-    const i64 th = (i64)t * a.n_head + h;
-    float* part = a.part + th * gridDim.z * (D + 1);
-    if (threadIdx.x < D) part[(i64)c * (D + 1) + threadIdx.x] = sn[threadIdx.x];
-    if (threadIdx.x == 0) part[(i64)c * (D + 1) + D] = dc;
+    const i64 th = (i64)t * a.n_head + h0;
+    auto part = [&](int h) { return a.part + (th + h) * gridDim.z * (D + 1); };
+    for (int o = threadIdx.x; o < H * D; o += CHUNK) part(o / D)[(i64)c * (D + 1) + o % D] = sn[o];
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int h = 0; h < H; ++h) part(h)[(i64)c * (D + 1) + D] = dc[h];
+    }
     if (!last_block(&a.tickets[th], nc - c0, *last)) return;
     // the chunks' sums at L2 (other blocks wrote them), FOLD chunks' loads issued together
     // before they are added in chunk order: one L2 latency a batch, not a chunk (64 chunks at
-    // depth 16,384)
-    float num = 0.0f, den = 0.0f;
-    for (int k0 = c0; k0 < nc; k0 += FOLD) {
-        float nb[FOLD], db[FOLD];
+    // depth 16,384). Thread o takes head o / D at dimension o % D (whole warps: H D is a
+    // multiple of 32).
+    for (int o = threadIdx.x; o < H * D; o += CHUNK) {
+        const float* ph = part(o / D);
+        const int i = o % D;
+        float num = 0.0f, den = 0.0f;
+        for (int k0 = c0; k0 < nc; k0 += FOLD) {
+            float nb[FOLD], db[FOLD];
 #pragma unroll
-        for (int j = 0; j < FOLD; ++j) {
-            const float* pk = part + (i64)min(k0 + j, nc - 1) * (D + 1);
-            nb[j] = threadIdx.x < D ? __ldcg(pk + threadIdx.x) : 0.0f;
-            db[j] = __ldcg(pk + D);
-        }
+            for (int j = 0; j < FOLD; ++j) {
+                const float* pk = ph + (i64)min(k0 + j, nc - 1) * (D + 1);
+                nb[j] = __ldcg(pk + i);
+                db[j] = __ldcg(pk + D);
+            }
 #pragma unroll
-        for (int j = 0; j < FOLD; ++j) {
-            const int k = k0 + j;
-            if (k >= nc) break;
-            den = k == c0 ? db[j] : __fadd_rn(den, db[j]);
-            num = k == c0 ? nb[j] : __fadd_rn(num, nb[j]);
+            for (int j = 0; j < FOLD; ++j) {
+                const int k = k0 + j;
+                if (k >= nc) break;
+                den = k == c0 ? db[j] : __fadd_rn(den, db[j]);
+                num = k == c0 ? nb[j] : __fadd_rn(num, nb[j]);
+            }
         }
+        store_out<D>(a, t, h0 * D + o, true, num, den);
     }
-    store_out<D>(a, t, h, num, den);
     if (threadIdx.x == 0) a.tickets[th] = 0;  // ready for the next launch (or replay)
+}
+
+// A deep token's first launch with the H query heads of KV head g in one block: chunk c's
+// scores of each head and their maxes into scratch, its K rows loaded once for the H heads
+// (sq: H x D floats, red: H x 8 of shared memory)
+template <int D, int H>
+__device__ __forceinline__ void heads_chunk_scores(const AttnArgs& a, int t, int g, int c, int lo,
+                                                   int p, float* tiles, float* sq, float* red) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int width = a.n_head_kv * D, row0 = c * CHUNK + warp * 32;
+    const float* kbase = a.k + g * D;
+    float4 kb[1][8];
+    load_k<1>(kb, kbase, width, p, row0, 0);  // (issued before q is waited for)
+    const float* qrow = a.q + (i64)t * a.n_head * D + g * H * D;  // the H heads, adjacent
+    for (int o = threadIdx.x; o < H * D; o += CHUNK) sq[o] = qrow[o];
+    __syncthreads();
+    float s[H], m[H];
+    heads_scores<D, H>(s, kb, sq, kbase, width, p, row0, a.scale, tiles + warp * 32 * KTILE);
+    const i64 tc = ((i64)t * a.n_head + g * H) * gridDim.z + c;  // head g H's chunk c
+    const bool in = seen(row0 + lane, lo, p);
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+        a.scores[(tc + h * gridDim.z) * CHUNK + threadIdx.x] = s[h];  // (unseen: dropped later)
+        m[h] = in ? s[h] : -__int_as_float(0x7f800000);
+    }
+    heads_max<H>(m, red);
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int h = 0; h < H; ++h) a.pmax[tc + h * gridDim.z] = m[h];
+    }
 }
 
 // grid (n_head, T, chunks of n_ctx). Every load that needs no result is issued first, together:
@@ -382,19 +498,28 @@ __device__ __forceinline__ void publish_and_fold(const AttnArgs& a, int t, int h
 // (MINB: the blocks a multiprocessor should hold, __launch_bounds__'s second argument; 0,
 // none, lets the one-launch path keep its V rows in registers, 188 at heads of 64, so one
 // block a multiprocessor; 2 caps them at 128, for deep caches' many blocks. FOLD:
-// publish_and_fold's.)
-template <int D, int MINB = 0, int FOLD = 1>
+// publish_and_fold's. H > 1: the chunks of a token that sees at least HC of them, and more than
+// chunks_one_launch, by a block a KV head for its H query heads (heads_together); the other
+// tokens' by a block a head.)
+template <int D, int MINB = 0, int FOLD = 1, int H = 1, int HC = 0>
 __global__ void __launch_bounds__(CHUNK, MINB) attention_chunks(AttnArgs a) {
     pdl_begin();
     constexpr int SLABS = D / 32, G = SLABS < 2 ? SLABS : 2;  // K slabs held at once
     constexpr int VPRE = D < 64 ? D : 64;                      // V rows loaded up front
     __shared__ __align__(16) float tiles[TILE_FLOATS];
-    __shared__ float sq[D], se[CHUNK], sn[D], smem[32];
+    __shared__ float sq[H * D], se[CHUNK], sn[D], smem[H * 8 > 32 ? H * 8 : 32];
     __shared__ int last;
-    const int h = blockIdx.x, t = blockIdx.y, c = blockIdx.z;
-    const int g = h / (a.n_head / a.n_head_kv);
+    const int t = blockIdx.y;
     const int p = a.positions[t];
     const int lo = window_lo(a, p), c0 = lo / CHUNK, nc = p / CHUNK + 1;
+    if (H > 1 && heads_together<HC>(a, c0, nc)) {
+        int g, c;
+        kv_block(a, g, c);
+        if (c >= c0 && c < nc) heads_chunk_scores<D, H>(a, t, g, c, lo, p, tiles, sq, smem);
+        return;
+    }
+    const int h = blockIdx.x, c = blockIdx.z;
+    const int g = h / (a.n_head / a.n_head_kv);
     if (c < c0 || c >= nc) return;  // outside the window or past the position: no ticket
     const bool alone = nc - c0 <= a.chunks_one_launch;  // (else: attention_sums finishes)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -437,27 +562,21 @@ __global__ void __launch_bounds__(CHUNK, MINB) attention_chunks(AttnArgs a) {
                            if (seen(row_of(k) + lane, lo, p)) m = max_nan(m, v);
                        }, tile);  // fmt: skip
     }
-    m = block_max(m, smem);
-    const float dc = chunk_sums<D, VPRE>(a, vbase, lo, p, c, s, m, se, sn, smem, vals);
-    publish_and_fold<D, FOLD>(a, t, h, c, c0, nc, dc, sn, &last);
+    float e[1] = {s};
+    chunk_sums<D, VPRE>(a, vbase, lo, p, c, e, {block_max(m, smem)}, se, sn, smem, vals);
+    publish_and_fold<D, FOLD>(a, t, h, c, c0, nc, e, sn, &last);
 }
 
 // ---- flash decoding over more chunks: the scores through scratch ---------------------------------
 
-// grid (n_head, T, chunks of n_ctx), after attention_chunks: where a token sees more than
-// chunks_one_launch chunks, the max of their maxes, chunk c's weights from its stored scores,
-// its sums, and the fold by the head's last block. This thread's V values are loaded first.
-template <int D, int MINB = 0, int FOLD = 1>
-__global__ void __launch_bounds__(CHUNK, MINB) attention_sums(AttnArgs a) {
-    pdl_begin();
+// Chunk c's weights for the H heads h0 .. h0 + H - 1 of KV head g (H = 1: head h0) from their
+// stored scores and the max of their chunks' maxes, its sums, and the fold by the heads' last
+// block. This thread's V values are loaded first. se: H x 256 floats, sn: H x D, red: H x 8.
+template <int D, int FOLD, int H>
+__device__ __forceinline__ void sums_from_scores(const AttnArgs& a, int t, int h0, int g, int c,
+                                                 int lo, int p, int c0, int nc, float* se,
+                                                 float* sn, float* red, int* last) {
     constexpr int VPRE = D < 64 ? D : 64;  // V rows loaded up front
-    __shared__ float se[CHUNK], sn[D], smem[32];
-    __shared__ int last;
-    const int h = blockIdx.x, t = blockIdx.y, c = blockIdx.z;
-    const int g = h / (a.n_head / a.n_head_kv);
-    const int p = a.positions[t];
-    const int lo = window_lo(a, p), c0 = lo / CHUNK, nc = p / CHUNK + 1;
-    if (c < c0 || c >= nc || nc - c0 <= a.chunks_one_launch) return;  // (attention_chunks did)
     const int width = a.n_head_kv * D;
     const float* vbase = a.v + g * D;
     const int first = c * CHUNK + (threadIdx.x / D) * D, i = threadIdx.x % D;
@@ -466,19 +585,55 @@ __global__ void __launch_bounds__(CHUNK, MINB) attention_sums(AttnArgs a) {
 #pragma unroll
         for (int j = 0; j < VPRE; ++j) vals[j] = vbase[(i64)min(first + j, p) * width + i];
     }
-    const i64 th = (i64)t * a.n_head + h;
-    const float s = a.scores[(th * gridDim.z + c) * CHUNK + threadIdx.x];
-    const float* pm = a.pmax + th * gridDim.z;
-    float m = pm[c0];  // the max of the chunks' maxes (exact in any order), FOLD at a time
-    for (int k0 = c0 + 1; k0 < nc; k0 += FOLD) {
-        float mb[FOLD];
+    const i64 th = (i64)t * a.n_head + h0;
+    float s[H], m[H];
 #pragma unroll
-        for (int j = 0; j < FOLD; ++j) mb[j] = pm[min(k0 + j, nc - 1)];
-#pragma unroll
-        for (int j = 0; j < FOLD; ++j) m = max_nan(m, mb[j]);
+    for (int h = 0; h < H; ++h) {
+        s[h] = a.scores[((th + h) * gridDim.z + c) * CHUNK + threadIdx.x];
+        m[h] = a.pmax[(th + h) * gridDim.z + c0];
     }
-    const float dc = chunk_sums<D, VPRE>(a, vbase, lo, p, c, s, m, se, sn, smem, vals);
-    publish_and_fold<D, FOLD>(a, t, h, c, c0, nc, dc, sn, &last);
+    // the max of each head's chunk maxes (exact in any order), FOLD chunks at a time
+    for (int k0 = c0 + 1; k0 < nc; k0 += FOLD) {
+        float mb[H][FOLD];
+#pragma unroll
+        for (int h = 0; h < H; ++h) {
+#pragma unroll
+            for (int j = 0; j < FOLD; ++j) mb[h][j] = a.pmax[(th + h) * gridDim.z + min(k0 + j, nc - 1)];
+        }
+#pragma unroll
+        for (int h = 0; h < H; ++h) {
+#pragma unroll
+            for (int j = 0; j < FOLD; ++j) m[h] = max_nan(m[h], mb[h][j]);
+        }
+    }
+    chunk_sums<D, VPRE, H>(a, vbase, lo, p, c, s, m, se, sn, red, vals);
+    publish_and_fold<D, FOLD, H>(a, t, h0, c, c0, nc, s, sn, last);
+}
+
+// grid (n_head, T, chunks of n_ctx), after attention_chunks: where a token sees more than
+// chunks_one_launch chunks, chunk c's sums from its stored scores (sums_from_scores), by a block
+// a head, or with H > 1 for a token heads_together<HC> takes, by a block a KV head for its H
+// query heads (V read once for them).
+template <int D, int MINB = 0, int FOLD = 1, int H = 1, int HC = 0>
+__global__ void __launch_bounds__(CHUNK, MINB) attention_sums(AttnArgs a) {
+    pdl_begin();
+    __shared__ float se[H * CHUNK], sn[H * D], smem[H * 8 > 32 ? H * 8 : 32];
+    __shared__ int last;
+    const int t = blockIdx.y;
+    const int p = a.positions[t];
+    const int lo = window_lo(a, p), c0 = lo / CHUNK, nc = p / CHUNK + 1;
+    if (nc - c0 <= a.chunks_one_launch) return;  // (attention_chunks did)
+    if (H > 1 && heads_together<HC>(a, c0, nc)) {
+        int g, c;
+        kv_block(a, g, c);
+        if (c >= c0 && c < nc)
+            sums_from_scores<D, FOLD, H>(a, t, g * H, g, c, lo, p, c0, nc, se, sn, smem, &last);
+        return;
+    }
+    const int h = blockIdx.x, c = blockIdx.z;
+    if (c < c0 || c >= nc) return;
+    const int g = h / (a.n_head / a.n_head_kv);
+    sums_from_scores<D, FOLD, 1>(a, t, h, g, c, lo, p, c0, nc, se, sn, smem, &last);
 }
 
 // ---- prefill, the query heads of a KV head together ---------------------------------------------
@@ -489,67 +644,6 @@ __global__ void __launch_bounds__(CHUNK, MINB) attention_sums(AttnArgs a) {
 // slot j of a chunk, the max pass first, then per chunk the scores again, the weights' TREE and
 // the values' runs. Shared memory: ``pool`` holds the warps' K tiles while scores are made, then
 // the weights (H x 256), then the runs (H x 256).
-template <int H>
-__device__ __forceinline__ void heads_max(float (&v)[H], float* red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int h = 0; h < H; ++h) {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-            v[h] = max_nan(v[h], __shfl_xor_sync(FULL_MASK, v[h], off));
-        if (lane == 0) red[h * 8 + warp] = v[h];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int h = 0; h < H; ++h) {
-        float m = red[h * 8];
-        for (int w = 1; w < 8; ++w) m = max_nan(m, red[h * 8 + w]);
-        v[h] = m;
-    }
-    __syncthreads();
-}
-
-// each head's TREE over the 256 slots (chunk_tree, H at once)
-template <int H>
-__device__ __forceinline__ void heads_tree(float (&v)[H], float* red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int h = 0; h < H; ++h) {
-        const float w = warp_tree(v[h], 32);
-        if (lane == 0) red[h * 8 + warp] = w;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int h = 0; h < H; ++h) {
-        const float* r = red + h * 8;
-        v[h] = __fadd_rn(__fadd_rn(__fadd_rn(r[0], r[1]), __fadd_rn(r[2], r[3])),
-                         __fadd_rn(__fadd_rn(r[4], r[5]), __fadd_rn(r[6], r[7])));
-    }
-    __syncthreads();
-}
-
-// this thread's slot's scores in the chunk at row0 (its warp's first row), for the H heads
-template <int D, int H>
-__device__ __forceinline__ void heads_scores(float (&s)[H], const float* sq, const float* kbase,
-                                             int width, int p, int row0, float scale,
-                                             float* tile) {
-    constexpr int SLABS = D / 32;
-    float4 kb[1][8];
-    float st[H][10];
-    load_k<1>(kb, kbase, width, p, row0, 0);
-#pragma unroll(SLABS <= 2 ? SLABS : 1)  // (wide heads: a loop, or compiling takes minutes)
-    for (int slab = 0; slab < SLABS; ++slab) {
-        stage_k<1>(tile, kb, 0);
-        __syncwarp();
-        if (slab + 1 < SLABS) load_k<1>(kb, kbase, width, p, row0, slab + 1);
-#pragma unroll
-        for (int h = 0; h < H; ++h) push_slab(st[h], tile, sq + h * D, slab * 32);
-        __syncwarp();
-    }
-#pragma unroll
-    for (int h = 0; h < H; ++h) s[h] = __fmul_rn(tree_finish<10>(st[h], D, D), scale);
-}
-
 // grid (n_head_kv, T); H = n_head / n_head_kv
 template <int D, int H>
 __global__ void __launch_bounds__(CHUNK) attention_rows_gqa(AttnArgs a) {
@@ -574,7 +668,9 @@ __global__ void __launch_bounds__(CHUNK) attention_rows_gqa(AttnArgs a) {
     for (int h = 0; h < H; ++h) m[h] = -__int_as_float(0x7f800000);
     for (int c = c0; c < nc; ++c) {
         float s[H];
-        heads_scores<D, H>(s, sq, kbase, width, p, c * CHUNK + warp * 32, a.scale, tile);
+        float4 kb[1][8];
+        load_k<1>(kb, kbase, width, p, c * CHUNK + warp * 32, 0);
+        heads_scores<D, H>(s, kb, sq, kbase, width, p, c * CHUNK + warp * 32, a.scale, tile);
         if (seen(c * CHUNK + tid, lo, p)) {
 #pragma unroll
             for (int h = 0; h < H; ++h) m[h] = max_nan(m[h], s[h]);
@@ -585,7 +681,9 @@ __global__ void __launch_bounds__(CHUNK) attention_rows_gqa(AttnArgs a) {
     for (int c = c0; c < nc; ++c) {
         const int pos = c * CHUNK + tid;
         float e[H];
-        heads_scores<D, H>(e, sq, kbase, width, p, c * CHUNK + warp * 32, a.scale, tile);
+        float4 kb[1][8];
+        load_k<1>(kb, kbase, width, p, c * CHUNK + warp * 32, 0);
+        heads_scores<D, H>(e, kb, sq, kbase, width, p, c * CHUNK + warp * 32, a.scale, tile);
 #pragma unroll
         for (int h = 0; h < H; ++h) e[h] = seen(pos, lo, p) ? p_exp(__fsub_rn(e[h], m[h])) : 0.0f;
         __syncthreads();  // every warp is done with its tile: the pool takes the weights
