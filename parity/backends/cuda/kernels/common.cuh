@@ -251,14 +251,9 @@ __device__ __forceinline__ float max_nan(float a, float b) {
 
 // ---- Q8 activation quantization --------------------------------------------------------------
 
-// One warp quantizes one 32-element block: lane i holds x_i (docs/numerics.md, "Activation
-// quantization"). Writes q[i] from every lane and d, s from lane 0.
-__device__ __forceinline__ void quantize_block(float x, i8* q, float* d_out, float* s_out) {
-    const int lane = threadIdx.x & 31;
-    float amax = fabsf(x);  // |-0| = +0
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) amax = max_nan(amax, __shfl_xor_sync(FULL_MASK, amax, off));
-    float d = __fdiv_rn(amax, 127.0f);
+// x's quant in a block of scale d (docs/numerics.md, "Activation quantization"): 0 where d is
+// 0 or x / d is not finite, else x / d rounded half away from zero, clamped to +-127
+__device__ __forceinline__ int quant_value(float x, float d) {
     int qi = 0;
     if (d != 0.0f) {
         float v = __fdiv_rn(x, d);  // correctly rounded, not x * (1/d)
@@ -268,6 +263,18 @@ __device__ __forceinline__ void quantize_block(float x, i8* q, float* d_out, flo
             qi = (int)r;
         }
     }
+    return qi;
+}
+
+// One warp quantizes one 32-element block: lane i holds x_i (docs/numerics.md, "Activation
+// quantization"). Writes q[i] from every lane and d, s from lane 0.
+__device__ __forceinline__ void quantize_block(float x, i8* q, float* d_out, float* s_out) {
+    const int lane = threadIdx.x & 31;
+    float amax = fabsf(x);  // |-0| = +0
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = max_nan(amax, __shfl_xor_sync(FULL_MASK, amax, off));
+    float d = __fdiv_rn(amax, 127.0f);
+    const int qi = quant_value(x, d);
     q[lane] = (i8)qi;
     int sum = qi;
 #pragma unroll

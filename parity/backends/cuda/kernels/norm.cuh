@@ -40,6 +40,8 @@ __device__ float block_tree(float v, int P, float* smem) {
 // job a's (Gemma 3's q and k head norms).
 #define NORM_THREADS 1024  // a warp per Q8 block of rows up to 32768 wide: one quantize round
 #define NORM_MAXL 9  // runs of up to 256 slots a thread: widths up to 256 blockDim.x
+#define NORM_REGS 8  // runs of up to this many slots held in registers (norm_row_regs; 16
+                     // would spill rms_norm_f32, bound to 64 registers by its 1,024 threads)
 
 struct NormJob {
     float* y;
@@ -64,6 +66,86 @@ struct NormRows {
     int width;
 };
 
+// norm_row where a thread's run is at most NORM_REGS slots (rows up to 8 blockDim.x wide): the
+// run's x and w loaded at once into registers and kept there for the scaling and the
+// quantization, whose 32-value blocks then span 32 / R lanes (the max and the integer sum are
+// exact in any order: quantize_block's values). The operations are norm_row's.
+__device__ __forceinline__ void norm_row_regs(float* y, i8* q, float* qd, float* qs, float* sum,
+                                              const float* xr, const float* w, const float* res,
+                                              float eps, int width, i64 row, int R, int P,
+                                              float* tmp) {
+    const int start = threadIdx.x * R;  // this thread's run [start, start + R) of the W slots
+    const int n = max(0, min(R, width - start));  // ... of which the row's
+    float v[NORM_REGS], wv[NORM_REGS];
+#pragma unroll
+    for (int i = 0; i < NORM_REGS; ++i) {
+        v[i] = 0.0f;
+        wv[i] = 1.0f;
+        if (i < n) {
+            v[i] = __ldcg(xr + start + i);
+            if (w != nullptr) wv[i] = w[start + i];
+        }
+    }
+    float part = 0.0f;
+    if ((int)threadIdx.x < P) {
+        float st[NORM_MAXL];
+#pragma unroll
+        for (int i = 0; i < NORM_REGS; ++i) {
+            if (i < n) tree_push<NORM_MAXL>(st, i, __fmul_rn(v[i], v[i]));
+        }
+        part = tree_finish<NORM_MAXL>(st, n, R);
+    }
+    const float ss = block_tree(part, P, tmp);
+    const float mean = __fdiv_rn(ss, (float)width);
+    const float r = __fsqrt_rn(__fadd_rn(mean, eps));
+    const float scale = __fdiv_rn(1.0f, r);
+    const i64 at = row * width + start;
+#pragma unroll
+    for (int i = 0; i < NORM_REGS; ++i) {
+        if (i < n) {
+            float u = __fmul_rn(v[i], scale);
+            if (w != nullptr) u = __fmul_rn(u, wv[i]);
+            v[i] = u;
+            if (y != nullptr) y[at + i] = u;
+            if (sum != nullptr) sum[at + i] = __fadd_rn(res[at + i], u);
+        }
+    }
+    if (q == nullptr) return;
+    // a block's 32 values on lanes [32 b / R, 32 (b + 1) / R) of a warp (R divides 32); every
+    // lane takes part in the shuffles, a group past the row's end writes nothing
+    float amax = 0.0f;  // (+0.0: |x| >= +0, and a NaN wins max_nan)
+#pragma unroll
+    for (int i = 0; i < NORM_REGS; ++i) {
+        if (i < n) amax = max_nan(amax, fabsf(v[i]));
+    }
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const float o = __shfl_xor_sync(FULL_MASK, amax, off);
+        if (off * R < 32) amax = max_nan(amax, o);
+    }
+    const float d = __fdiv_rn(amax, 127.0f);
+    int isum = 0;
+#pragma unroll
+    for (int i = 0; i < NORM_REGS; ++i) {
+        if (i < n) {
+            const int qi = quant_value(v[i], d);
+            q[at + i] = (i8)qi;
+            isum += qi;
+        }
+    }
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int o = __shfl_xor_sync(FULL_MASK, isum, off);
+        if (off * R < 32) isum += o;
+    }
+    if (n > 0 && start % 32 == 0) {  // the block's first lane
+        const int blocks = width >> 5;
+        const i64 b = row * blocks + start / 32;
+        qd[b] = d;
+        qs[b] = __fmul_rn(d, (float)isum);
+    }
+}
+
 // row ``row`` of one norm, by the whole block (srow: width floats when quantizing; tmp: 33).
 // x is read at L2 (__ldcg): it may have been written by other blocks of this grid.
 __device__ void norm_row(float* y, i8* q, float* qd, float* qs, float* sum, const float* x,
@@ -73,6 +155,10 @@ __device__ void norm_row(float* y, i8* q, float* qd, float* qs, float* sum, cons
     const int W = next_pow2(width);
     const int R = W > (int)blockDim.x ? W / (int)blockDim.x : 1;
     const int P = W / R;
+    if (R > 1 && R <= NORM_REGS) {  // (a slot a thread: the loop below holds it in registers)
+        norm_row_regs(y, q, qd, qs, sum, xr, w, res, eps, width, row, R, P, tmp);
+        return;
+    }
     // a row no wider than the block: this thread's x and w, both loaded before any result
     const bool one = width <= (int)blockDim.x;
     float x1 = 0.0f, w1 = 1.0f;
