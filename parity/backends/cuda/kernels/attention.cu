@@ -419,12 +419,23 @@ __device__ __forceinline__ void kv_block(const AttnArgs& a, int& g, int& c) {
 // Chunk c's sums of the H heads h0 .. h0 + H - 1 (D_c = dc[h], N_c in sn[h D ..]) into their
 // scratch; the last of the blocks sharing head h0's ticket (an atomic) folds the chunks c0 ..
 // nc - 1 of each head in order and writes the outputs. grid (n_head, T, chunks). FOLD: the
-// chunks whose partials are loaded together.
+// chunks whose partials are loaded together. A token that sees one chunk (a cache shallower
+// than 256 positions) has one block: it writes num / den = N_c / D_c at once (the fold of one
+// chunk is that chunk's sums), without the scratch, the fences and the ticket.
 template <int D, int FOLD, int H = 1>
 __device__ __forceinline__ void publish_and_fold(const AttnArgs& a, int t, int h0, int c, int c0,
                                                  int nc, const float (&dc)[H], const float* sn,
                                                  int* last) {
     static_assert(FOLD >= 1, "chunks a fold batch");
+    if (nc - c0 == 1) {  // the heads' only chunk: the fold is its own sums, no other block's
+        for (int o = threadIdx.x; o < H * D; o += CHUNK) {
+#pragma unroll
+            for (int h = 0; h < H; ++h) {  // (dc[o / D], selected: an index would go to memory)
+                if (h == o / D) store_out<D>(a, t, h0 * D + o, true, sn[o], dc[h]);
+            }
+        }
+        return;
+    }
     const i64 th = (i64)t * a.n_head + h0;
     auto part = [&](int h) { return a.part + (th + h) * gridDim.z * (D + 1); };
     for (int o = threadIdx.x; o < H * D; o += CHUNK) part(o / D)[(i64)c * (D + 1) + o % D] = sn[o];
