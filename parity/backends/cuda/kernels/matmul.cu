@@ -776,6 +776,11 @@ struct MmaShared {
     float2 xds[G::BT][G::DS];  // (d, s) of each activation block
 };
 
+template <bool B>
+struct Flag {  // a compile-time bool for a generic lambda's argument
+    static constexpr bool value = B;
+};
+
 // (PARITY_EMULATOR: the CPU emulator of the tests, tests/cuda_emulator, has its own)
 __device__ __forceinline__ void mma_s8_k32(int (&c)[4], int a0, int a1, int a2, int a3, int b0,
                                            int b1) {
@@ -927,53 +932,71 @@ gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const flo
         }
         if (i + 1 < stages) fetch(i + 1);
         __syncthreads();
-        // this warp's tile, JG sub-blocks at a time, the stage's SUBS terms as a subtree
+        // this warp's tile, JG sub-blocks at a time, the stage's SUBS terms as a subtree. The
+        // last stage of a row that ends inside it (``last``: a Flag<true>) pushes its padding,
+        // the +0.0 terms of zero quants, scales and activation blocks, without the products;
+        // the other stages' code is not given the test
         float part[G::NMAT][4][G::LOG + 1];
-        const int tok = wt + 2 * c;  // this lane's first token of the tile
+        auto terms = [&](auto last) {
+            const int tok = wt + 2 * c;  // this lane's first token of the tile
 #pragma unroll
-        for (int j0 = 0; j0 < G::SUBS; j0 += G::JG) {
-            const int4 xb = *reinterpret_cast<const int4*>(&sh.xq[wt + g][(j0 / G::JG) * 16 + 4 * c]);
-            // (d, s) of the blocks of sub-blocks j0 .. j0+JG-1, for tokens tok and tok + 1
-            const int b0 = j0 * G::L / 32;
-            const float4 d0 = *reinterpret_cast<const float4*>(&sh.xds[tok][b0]);
-            const float4 d1 = *reinterpret_cast<const float4*>(&sh.xds[tok + 1][b0]);
+            for (int j0 = 0; j0 < G::SUBS; j0 += G::JG) {
+                if (decltype(last)::value && i * G::SUBS + j0 >= S) {  // padding: see above
 #pragma unroll
-            for (int mat = 0; mat < G::NMAT; ++mat) {
-                const int4 lo = *reinterpret_cast<const int4*>(
-                    &sh.wq[mat][wr + g][(j0 / G::JG) * 16 + 4 * c]);
-                const int4 hi = *reinterpret_cast<const int4*>(
-                    &sh.wq[mat][wr + g + 8][(j0 / G::JG) * 16 + 4 * c]);
-                float4 am_lo[G::JG / 2], am_hi[G::JG / 2];
+                    for (int jj = 0; jj < G::JG; ++jj) {
 #pragma unroll
-                for (int h = 0; h < G::JG / 2; ++h) {
-                    am_lo[h] = *reinterpret_cast<const float4*>(&sh.wam[mat][wr + g][j0 + 2 * h]);
-                    am_hi[h] = *reinterpret_cast<const float4*>(&sh.wam[mat][wr + g + 8][j0 + 2 * h]);
-                }
+                        for (int mat = 0; mat < G::NMAT; ++mat) {
 #pragma unroll
-                for (int jj = 0; jj < G::JG; ++jj) {
-                    const int j = j0 + jj;
-                    int acc[4];
-                    if (G::L == 32) {
-                        mma_s8_k32(acc, word(lo, 2 * jj), word(hi, 2 * jj), word(lo, 2 * jj + 1),
-                                   word(hi, 2 * jj + 1), word(xb, 2 * jj), word(xb, 2 * jj + 1));
-                    } else {
-                        mma_s8_k16(acc, word(lo, jj), word(hi, jj), word(xb, jj));
+                            for (int e = 0; e < 4; ++e) tree_push<G::LOG + 1>(part[mat][e], j0 + jj, 0.0f);
+                        }
                     }
-                    // (a, m) of sub-block j for rows g and g+8; (d, s) of its block for the tokens
-                    const float4 al = am_lo[jj / 2], ah = am_hi[jj / 2];
-                    const float a_lo = jj & 1 ? al.z : al.x, m_lo = jj & 1 ? al.w : al.y;
-                    const float a_hi = jj & 1 ? ah.z : ah.x, m_hi = jj & 1 ? ah.w : ah.y;
-                    const int bj = (j * G::L / 32) - b0;  // 0 or 1
-                    const float dx0 = bj ? d0.z : d0.x, sx0 = bj ? d0.w : d0.y;
-                    const float dx1 = bj ? d1.z : d1.x, sx1 = bj ? d1.w : d1.y;
-                    // acc: (row g, tok), (g, tok+1), (g+8, tok), (g+8, tok+1)
-                    tree_push<G::LOG + 1>(part[mat][0], j, sub_term<QT>(a_lo, m_lo, dx0, sx0, acc[0]));
-                    tree_push<G::LOG + 1>(part[mat][1], j, sub_term<QT>(a_lo, m_lo, dx1, sx1, acc[1]));
-                    tree_push<G::LOG + 1>(part[mat][2], j, sub_term<QT>(a_hi, m_hi, dx0, sx0, acc[2]));
-                    tree_push<G::LOG + 1>(part[mat][3], j, sub_term<QT>(a_hi, m_hi, dx1, sx1, acc[3]));
+                    continue;
+                }
+                const int4 xb = *reinterpret_cast<const int4*>(&sh.xq[wt + g][(j0 / G::JG) * 16 + 4 * c]);
+                // (d, s) of the blocks of sub-blocks j0 .. j0+JG-1, for tokens tok and tok + 1
+                const int b0 = j0 * G::L / 32;
+                const float4 d0 = *reinterpret_cast<const float4*>(&sh.xds[tok][b0]);
+                const float4 d1 = *reinterpret_cast<const float4*>(&sh.xds[tok + 1][b0]);
+#pragma unroll
+                for (int mat = 0; mat < G::NMAT; ++mat) {
+                    const int4 lo = *reinterpret_cast<const int4*>(
+                        &sh.wq[mat][wr + g][(j0 / G::JG) * 16 + 4 * c]);
+                    const int4 hi = *reinterpret_cast<const int4*>(
+                        &sh.wq[mat][wr + g + 8][(j0 / G::JG) * 16 + 4 * c]);
+                    float4 am_lo[G::JG / 2], am_hi[G::JG / 2];
+#pragma unroll
+                    for (int h = 0; h < G::JG / 2; ++h) {
+                        am_lo[h] = *reinterpret_cast<const float4*>(&sh.wam[mat][wr + g][j0 + 2 * h]);
+                        am_hi[h] = *reinterpret_cast<const float4*>(&sh.wam[mat][wr + g + 8][j0 + 2 * h]);
+                    }
+#pragma unroll
+                    for (int jj = 0; jj < G::JG; ++jj) {
+                        const int j = j0 + jj;
+                        int acc[4];
+                        if (G::L == 32) {
+                            mma_s8_k32(acc, word(lo, 2 * jj), word(hi, 2 * jj), word(lo, 2 * jj + 1),
+                                       word(hi, 2 * jj + 1), word(xb, 2 * jj), word(xb, 2 * jj + 1));
+                        } else {
+                            mma_s8_k16(acc, word(lo, jj), word(hi, jj), word(xb, jj));
+                        }
+                        // (a, m) of sub-block j for rows g and g+8; (d, s) of its block for the tokens
+                        const float4 al = am_lo[jj / 2], ah = am_hi[jj / 2];
+                        const float a_lo = jj & 1 ? al.z : al.x, m_lo = jj & 1 ? al.w : al.y;
+                        const float a_hi = jj & 1 ? ah.z : ah.x, m_hi = jj & 1 ? ah.w : ah.y;
+                        const int bj = (j * G::L / 32) - b0;  // 0 or 1
+                        const float dx0 = bj ? d0.z : d0.x, sx0 = bj ? d0.w : d0.y;
+                        const float dx1 = bj ? d1.z : d1.x, sx1 = bj ? d1.w : d1.y;
+                        // acc: (row g, tok), (g, tok+1), (g+8, tok), (g+8, tok+1)
+                        tree_push<G::LOG + 1>(part[mat][0], j, sub_term<QT>(a_lo, m_lo, dx0, sx0, acc[0]));
+                        tree_push<G::LOG + 1>(part[mat][1], j, sub_term<QT>(a_lo, m_lo, dx1, sx1, acc[1]));
+                        tree_push<G::LOG + 1>(part[mat][2], j, sub_term<QT>(a_hi, m_hi, dx0, sx0, acc[2]));
+                        tree_push<G::LOG + 1>(part[mat][3], j, sub_term<QT>(a_hi, m_hi, dx1, sx1, acc[3]));
+                    }
                 }
             }
-        }
+        };
+        if (i * G::SUBS + G::SUBS <= S) terms(Flag<false>{});
+        else terms(Flag<true>{});
 #pragma unroll
         for (int mat = 0; mat < G::NMAT; ++mat)
 #pragma unroll
