@@ -36,12 +36,16 @@
 #   bash benchmarks/gpu_bench.sh deep    kernel by kernel deep in the cache (decode at 4000 and
 #                                        16000, 8000 for SmolLM2) and the 4096-token prefill,
 #                                        with PDL on and off (the table's weakest columns)
+#   bash benchmarks/gpu_bench.sh half    triton:fast's quantized products on float16 tensor
+#                                        cores (PARITY_TRITON_HALF_GEMM=1) against the integer
+#                                        dots: fast conformance with it on, then the 512-token
+#                                        prefill kernel by kernel, both ways, two rounds
 #   bash benchmarks/gpu_bench.sh table   the table beside llama.cpp (bench_gpu.py):
 #                                        decode at depths 0, 4096 and 16384, prefill 128, 512
 #                                        and 4096 (RUNNERS, default cuda:exact and triton:fast;
 #                                        a switch per runner: cuda:exact:lowering.NAME=1)
 set -u
-stage=${1:?usage: gpu_bench.sh check|compare|bench|quick|candidates|ab|deep|table}
+stage=${1:?usage: gpu_bench.sh check|compare|bench|quick|candidates|ab|deep|half|table}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .wheels/*.whl || exit 1
 export PYTHONPATH=/tmp/site XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -146,6 +150,22 @@ if [ "$stage" = deep ]; then  # where depth and long prompts go: kernel by kerne
       done
     done
   done 2>&1 | tee "$out/deep.txt"
+  exit 0
+fi
+if [ "$stage" = half ]; then  # triton:fast's products on float16 tensor cores
+  echo "== parity conformance triton --numerics fast, PARITY_TRITON_HALF_GEMM=1"
+  PARITY_TRITON_HALF_GEMM=1 timeout 200 python3 -m parity conformance triton --numerics fast \
+    2>&1 | tee "$out/conformance_half.txt" | tail -3
+  for round in 1 2; do
+    for m in $models; do
+      for half in 0 1; do
+        echo "== round $round $m PARITY_TRITON_HALF_GEMM=$half"
+        PARITY_TRITON_HALF_GEMM=$half timeout 120 python3 benchmarks/bench_gpu_steps.py \
+          /tmp/$m.gguf --backend triton --numerics fast --ctx 4352 --prefill 512 --runs 20 \
+          --profile 2>&1 | tail -6
+      done
+    done
+  done 2>&1 | tee "$out/half.txt"
   exit 0
 fi
 if [ "$stage" = table ]; then

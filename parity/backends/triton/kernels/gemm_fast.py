@@ -8,6 +8,13 @@ tokens (the exact kernels read it once a token).
   ``term_s = (a * d_x) * isum_s`` (Q4_1 ``+ m * s_x``, Q4_K ``- m * s_x``), summed over the
   sub-blocks in order rather than as the TREE: only the order of the float additions differs
   from the oracle;
+- quantized W on float16 tensor cores (PARITY_TRITON_HALF_GEMM=1): ``to_half`` makes x's
+  values ``d_x q_x`` and W's ``a q (+-) m`` float16 rows, once a product, each divided by its
+  row's largest block scale (x) or sub-block scale or min (W), so at most 127 and 128 in
+  magnitude: nothing overflows; ``gemm_h`` is then a plain float16 GEMM, ``BK`` elements a
+  ``tl.dot`` summed in float32, times the two rows' scales. The integer-dot kernel's float
+  work for every output and sub-block (a scale, a product, an addition) goes; NMSE about
+  2 x (2^-11)^2 / 3 = 1.6e-7 from the two roundings to float16;
 - float W: ``tl.dot`` of float32 tiles to ``PRECISION`` (attention_fast.py), ``BK`` elements a
   step.
 
@@ -36,6 +43,15 @@ def gemm_q(y, xq, xd, xs, wq, wa, wm, bias, res, t, k, n_out, MIN: tl.constexpr,
     nm = n < n_out
     m0 = tl.where(mm, m, 0)
     n0 = tl.where(nm, n, 0)
+    acc = _integer_dots(xq, xd, xs, wq, wa, wm, m0, n0, k, MIN, L, BM, BN)
+    _tile_epilogue(y, acc, bias, res, m, n, mm, nm, n_out, HAS_BIAS, HAS_RES)
+
+
+@triton.jit
+def _integer_dots(xq, xd, xs, wq, wa, wm, m0, n0, k, MIN: tl.constexpr, L: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr):  # fmt: skip
+    """The (BM, BN) tile of tokens m0 and rows n0: sub-block by sub-block, the integer dot of
+    the quants on the tensor cores, then its float term."""
     nb = k // 32  # activation blocks a row
     nsub = k // L
     acc = tl.zeros((BM, BN), tl.float32)
@@ -56,6 +72,96 @@ def gemm_q(y, xq, xd, xs, wq, wa, wm, bias, res, t, k, n_out, MIN: tl.constexpr,
         elif MIN == MINUS_MIN:
             term = term - tl.load(wm + n0 * nsub + s)[None, :] * tl.load(xs + m0 * nb + b)[:, None]
         acc += term
+    return acc
+
+
+@triton.jit
+def _row_range(p, rows, rm, count, BR: tl.constexpr, BC: tl.constexpr):
+    """(max |p[row, j]|, min of the nonzero |p[row, j]|) over j < count for ``BR`` rows (masked
+    by rm), ``BC`` columns a step (rows of zeros: (0, inf))."""
+    top = tl.zeros((BR,), tl.float32)
+    low = tl.full((BR,), float("inf"), tl.float32)
+    for c0 in range(0, count, BC):
+        c = c0 + tl.arange(0, BC)
+        v = tl.load(p + rows[:, None] * count + c[None, :], mask=rm[:, None] & (c < count)[None, :],
+                    other=0.0)  # fmt: skip
+        v = tl.abs(v)
+        top = tl.maximum(top, tl.max(v, axis=1))
+        low = tl.minimum(low, tl.min(tl.where(v > 0.0, v, float("inf")), axis=1))
+    return top, low
+
+
+# to_half's rows: a row's largest value becomes at most 2^15 (float16's largest is 65504), and
+# a row whose block scales span more than 2^20 is marked ``wide`` (its scale stored negated):
+# below that every nonzero quant's value is a normal float16, 11 bits; beyond it gemm_h takes
+# the integer dots for the tiles that hold the row
+HALF_TOP = tl.constexpr(32768.0)
+HALF_SPAN = tl.constexpr(1048576.0)
+
+
+@triton.jit
+def to_half(out, scale, q, a, m, rows, k, MIN: tl.constexpr, L: tl.constexpr, BR: tl.constexpr,
+            BK: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    """Rows of quants with a scale (and a min) a sub-block of L as float16 values: a repacked
+    weight (q, a, m) or x's Q8 activations (q, d; MIN 0, L 32). The row's values times c, c =
+    2^15 / (Q top) (top: the row's largest scale or min; Q: 127 for x, 128 for W, bounds on
+    |q| (+ 1)), and ``scale`` = 1 / c, negated for a wide row, 0 for a row of zeros."""
+    after_previous(PDL)
+    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    rm = r < rows
+    r0 = tl.where(rm, r, 0)
+    nsub = k // L
+    top, low = _row_range(a, r0, rm, nsub, BR, 32)
+    bound = 127.0
+    if MIN != 0:
+        top_m, _ = _row_range(m, r0, rm, nsub, BR, 32)
+        top = tl.maximum(top, top_m)
+        bound = 128.0
+    c = tl.where(top > 0.0, HALF_TOP / (bound * top), 0.0)
+    u = tl.where(top > 0.0, bound * top / HALF_TOP, 0.0)
+    wide = (top > HALF_SPAN * low) | (top != top) | (top == float("inf"))
+    tl.store(scale + r, tl.where(wide, -1.0, 1.0) * u, mask=rm)
+    for k0 in range(0, k, BK):
+        e = k0 + tl.arange(0, BK)
+        em = rm[:, None] & (e < k)[None, :]
+        at = r0[:, None] * k + e[None, :]
+        s = r0[:, None] * nsub + (e // L)[None, :]
+        v = tl.load(q + at, mask=em, other=0).to(tl.float32) * tl.load(a + s, mask=em, other=0.0)
+        if MIN == PLUS_MIN:
+            v = v + tl.load(m + s, mask=em, other=0.0)
+        elif MIN == MINUS_MIN:
+            v = v - tl.load(m + s, mask=em, other=0.0)
+        tl.store(out + at, (v * c[:, None]).to(tl.float16), mask=em)
+
+
+@triton.jit
+def gemm_h(y, xh, sx, wh, sw, xq, xd, xs, wq, wa, wm, bias, res, t, k, n_out,
+           MIN: tl.constexpr, L: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+           BK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+           PDL: tl.constexpr):  # fmt: skip
+    """y from x and W made float16 by to_half: their tiles' products summed in float32 on the
+    tensor cores, times the two rows' scales; a tile that holds a wide row (to_half) takes the
+    integer dots of gemm_q instead."""
+    after_previous(PDL)
+    m = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
+    n = tl.program_id(1).to(tl.int64) * BN + tl.arange(0, BN)
+    mm = m < t
+    nm = n < n_out
+    m0 = tl.where(mm, m, 0)
+    n0 = tl.where(nm, n, 0)
+    ux = tl.load(sx + m0)
+    uw = tl.load(sw + n0)
+    if (tl.min(ux, axis=0) < 0.0) | (tl.min(uw, axis=0) < 0.0):
+        acc = _integer_dots(xq, xd, xs, wq, wa, wm, m0, n0, k, MIN, L, BM, BN)
+    else:
+        acc = tl.zeros((BM, BN), tl.float32)
+        for k0 in range(0, k, BK):
+            e = k0 + tl.arange(0, BK)
+            em = e < k
+            xv = tl.load(xh + m0[:, None] * k + e[None, :], mask=em[None, :], other=0.0)
+            wv = tl.load(wh + n0[:, None] * k + e[None, :], mask=em[None, :], other=0.0)
+            acc = tl.dot(xv, tl.trans(wv), acc)
+        acc = acc * ux[:, None] * uw[None, :]
     _tile_epilogue(y, acc, bias, res, m, n, mm, nm, n_out, HAS_BIAS, HAS_RES)
 
 
