@@ -116,6 +116,14 @@ if [ "$stage" = candidates ]; then
   exit 0
 fi
 if [ "$stage" = ab ]; then  # (about 17 s a model and variant a round: MODELS=one a call)
+  if [ "${DEEP:-0}" = 1 ]; then  # the deep variants' kernels bit-exact first
+    for variant in $variants; do
+      [ "$variant" = - ] && continue
+      echo "== parity conformance cuda -k attention with $variant"
+      timeout 100 python3 benchmarks/with_lowering.py ${variant//,/ } -- -m parity conformance \
+        cuda -k attention 2>&1 | tail -1
+    done 2>&1 | tee "$out/conformance_deep.txt"
+  fi
   for round in $(seq "${ROUNDS:-2}"); do
     for m in $models; do
       for variant in $variants; do

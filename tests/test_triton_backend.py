@@ -199,25 +199,26 @@ from parity.quant.synthetic import random_weight
 
 cls = load_backends().backends["triton"]
 report = {}
-wanted = json.loads(sys.argv[1])  # case: whether its weights keep the suite's edge scales
-for spec in op_suite():
-    if spec.id not in wanted:
-        continue
+specs = {spec.id: spec for spec in op_suite()}
+# name: (case, whether its weights keep the suite's edge scales, a factor for its x)
+for name, (case_id, edge, factor) in json.loads(sys.argv[1]).items():
     got = []
     for half in (False, True):
         tb.FAST_GEMM_HALF = half
-        case = spec.build()
-        if not wanted[spec.id]:
+        case = specs[case_id].build()
+        if not edge:
             rng = np.random.default_rng(5)
-            for name, w in case.weights.items():
+            for w_name, w in case.weights.items():
                 data = random_weight(w.dtype, w.shape, rng, edge=False)
-                case.weights[name] = WeightData(name, w.dtype, w.shape, data)
+                case.weights[w_name] = WeightData(w_name, w.dtype, w.shape, data)
+        case.inputs["x"] *= np.float32(factor)
         backend = cls(cls.devices()[0], numerics="fast")
         graph = backend.rewrite(case.graph) if case.rewrite else case.graph
         got.append(execute(backend, case, graph).outputs[graph.nodes.index(case.subject)])
     ints, half = got
-    report[spec.id] = {"same": ints.tobytes() == half.tobytes(),
-                       "nmse": float(np.sum((half - ints) ** 2.0) / np.sum(ints ** 2.0))}
+    report[name] = {"same": ints.tobytes() == half.tobytes(),
+                    "finite": bool(np.isfinite(half).all()),
+                    "nmse": float(np.sum((half - ints) ** 2.0) / np.sum(ints ** 2.0))}
 print(json.dumps(report))
 """
 
@@ -229,24 +230,29 @@ def test_the_float16_gemm_takes_the_integer_dots_where_float16_cannot_span_a_row
     (the values differ from the integer dots' by the roundings, an NMSE far below the declared
     1e-6); the suite's edge cases (weights' sub-block scales far apart, a 1e30 among ordinary
     activations) span more than 2^20 and take the integer dots, bit for bit those of gemm_q
-    (float16 would have flushed the ordinary values)."""
-    cases = {
-        "matmul-plain-Q4_K-64x512-t70": False,
-        "matmul-plain-Q6_K-64x512-t70": False,
-        "matmul-plain-Q4_1-64x512-t70": False,
-        "matmul-plain-Q8_0-64x512-t70": False,
-        "matmul-plain-Q4_0-64x512-t70": True,
-        "matmul-Q5_0-40x896-t33": True,
+    (float16 would have flushed the ordinary values), and so do activations of 1e-35 and 1e35
+    (whose scale factors would leave float32)."""
+    plain = "matmul-plain-{}-64x512-t70"
+    cases = {  # name: (case, edge weights, x's factor), whether the integer dots run
+        "Q4_K": ((plain.format("Q4_K"), False, 1.0), False),
+        "Q6_K": ((plain.format("Q6_K"), False, 1.0), False),
+        "Q4_1": ((plain.format("Q4_1"), False, 1.0), False),
+        "Q8_0": ((plain.format("Q8_0"), False, 1.0), False),
+        "Q4_0 edge weights": ((plain.format("Q4_0"), True, 1.0), True),
+        "Q5_0 1e30 activations": (("matmul-Q5_0-40x896-t33", True, 1.0), True),
+        "Q8_0 x 1e-35": ((plain.format("Q8_0"), False, 1e-35), True),
+        "Q8_0 x 1e35": ((plain.format("Q8_0"), False, 1e35), True),
     }
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
-    run = subprocess.run([sys.executable, "-c", HALF, json.dumps(cases)], env=env,
-                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    arg = json.dumps({name: spec for name, (spec, _) in cases.items()})
+    run = subprocess.run([sys.executable, "-c", HALF, arg], env=env, capture_output=True,
+                         text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(run.stdout.splitlines()[-1])
-    for case, integer in cases.items():
-        assert report[case]["same"] is integer, (case, report[case])
-        assert report[case]["nmse"] < 1e-6, (case, report[case])
-        assert integer or report[case]["nmse"] > 1e-12, (case, report[case])
+    for name, (_, integer) in cases.items():
+        assert report[name]["same"] is integer, (name, report[name])
+        assert report[name]["finite"] or integer, (name, report[name])
+        assert integer or 1e-12 < report[name]["nmse"] < 1e-6, (name, report[name])
 
 
 def test_discovery_imports_neither_triton_nor_torch():
@@ -359,7 +365,7 @@ FAST_KERNELS = [  # the fast kernels, which may contract and flush
                              "sw": "*fp32", "xq": "*i8", "xd": "*fp32", "xs": "*fp32",
                              "wq": "*i8", "wa": "*fp32", "wm": "*fp32", "bias": "*fp32",
                              "res": "*fp32", "t": "i32", "k": "i32", "n_out": "i32"},
-     {"MIN": 2, "L": 32, "BM": 128, "BN": 128, "BK": 64, "HAS_BIAS": True, "HAS_RES": True}),
+     {"MIN": 2, "L": 32, "BM": 64, "BN": 128, "BK": 32, "HAS_BIAS": True, "HAS_RES": True}),
     ("gemm_fast", "gemm_f", {"y": "*fp32", "x": "*fp32", "w": "*i16", "bias": "*fp32",
                              "res": "*fp32", "t": "i32", "k": "i32", "n_out": "i32",
                              "row_bytes": "i32"},

@@ -86,11 +86,13 @@ FAST_GEMM_WARPS = 8  # (4 warps hold a 64 x 64 tile only by spilling)
 # ... and with PARITY_TRITON_HALF_GEMM=1 (read once), a quantized product's x and W as float16
 # rows first (to_half), then a float16 GEMM (gemm_h; NMSE about 1.6e-7, the integer dots'
 # about 1e-12): the float work of every output and sub-block goes. BM x BN x BK tiles, its
-# warps and pipeline stages; rows a to_half program. Until a GPU times it: off
+# warps and pipeline stages; rows a to_half program. Until a GPU times it: off. (The products'
+# fast tier follows the variable at import; a test that sets FAST_GEMM_HALF afterwards runs
+# the kernels without the declaration changing.)
 HALF_GEMM_ENV = "PARITY_TRITON_HALF_GEMM"
 FAST_GEMM_HALF = os.environ.get(HALF_GEMM_ENV, "0").strip().lower() in ("1", "true", "on", "yes")
-HALF_GEMM_TILE = (128, 128, 64)
-HALF_GEMM_WARPS = 8
+HALF_GEMM_TILE = (64, 128, 32)  # (ptxas, sm_90: 234 registers, no spills; 128 x 128 in 8
+HALF_GEMM_WARPS = 4  # warps, or BK 64, spill with the integer dots' branch in the kernel)
 HALF_GEMM_STAGES = 3
 HALF_ROWS = 8
 # and attention of at least this many tokens as flash attention (kernels/attention_fast.py),

@@ -428,11 +428,10 @@ __device__ __forceinline__ void publish_and_fold(const AttnArgs& a, int t, int h
                                                  int* last) {
     static_assert(FOLD >= 1, "chunks a fold batch");
     if (nc - c0 == 1) {  // the heads' only chunk: the fold is its own sums, no other block's
-        for (int o = threadIdx.x; o < H * D; o += CHUNK) {
 #pragma unroll
-            for (int h = 0; h < H; ++h) {  // (dc[o / D], selected: an index would go to memory)
-                if (h == o / D) store_out<D>(a, t, h0 * D + o, true, sn[o], dc[h]);
-            }
+        for (int h = 0; h < H; ++h) {  // (head by head: dc[o / D] would put dc in memory;
+            for (int i = threadIdx.x; i < D; i += CHUNK)  // whole warps: D is a multiple of 32)
+                store_out<D>(a, t, (h0 + h) * D + i, true, sn[h * D + i], dc[h]);
         }
         return;
     }

@@ -12,7 +12,8 @@ tokens (the exact kernels read it once a token).
   values ``d_x q_x`` and W's ``a q (+-) m`` float16 rows, once a product, each divided by its
   row's largest block scale (x) or sub-block scale or min (W), so at most 127 and 128 in
   magnitude: nothing overflows; ``gemm_h`` is then a plain float16 GEMM, ``BK`` elements a
-  ``tl.dot`` summed in float32, times the two rows' scales. The integer-dot kernel's float
+  ``tl.dot`` summed in float32, times the two rows' scales (rows float16 cannot hold take
+  the integer dots: ``to_half``). The integer-dot kernel's float
   work for every output and sub-block (a scale, a product, an addition) goes; NMSE about
   2 x (2^-11)^2 / 3 = 1.6e-7 from the two roundings to float16;
 - float W: ``tl.dot`` of float32 tiles to ``PRECISION`` (attention_fast.py), ``BK`` elements a
@@ -92,11 +93,15 @@ def _row_range(p, rows, rm, count, BR: tl.constexpr, BC: tl.constexpr):
 
 
 # to_half's rows: a row's largest value becomes at most 2^15 (float16's largest is 65504), and
-# a row whose block scales span more than 2^20 is marked ``wide`` (its scale stored negated):
-# below that every nonzero quant's value is a normal float16, 11 bits; beyond it gemm_h takes
-# the integer dots for the tiles that hold the row
+# a row is marked ``wide`` (its scale stored as -1) where float16 cannot hold it: its block
+# scales span more than 2^20 (below that every nonzero quant's value is a normal float16, 11
+# bits), or its largest is outside 2^-60 .. 2^60 (its scale factors, and gemm_h's sums times
+# them, then stay inside float32), or NaN; gemm_h takes the integer dots for the tiles that
+# hold one
 HALF_TOP = tl.constexpr(32768.0)
 HALF_SPAN = tl.constexpr(1048576.0)
+HALF_LOW = tl.constexpr(8.673617379884035e-19)  # 2^-60
+HALF_HIGH = tl.constexpr(1.152921504606847e18)  # 2^60
 
 
 @triton.jit
@@ -105,7 +110,7 @@ def to_half(out, scale, q, a, m, rows, k, MIN: tl.constexpr, L: tl.constexpr, BR
     """Rows of quants with a scale (and a min) a sub-block of L as float16 values: a repacked
     weight (q, a, m) or x's Q8 activations (q, d; MIN 0, L 32). The row's values times c, c =
     2^15 / (Q top) (top: the row's largest scale or min; Q: 127 for x, 128 for W, bounds on
-    |q| (+ 1)), and ``scale`` = 1 / c, negated for a wide row, 0 for a row of zeros."""
+    |q| (+ 1)), and ``scale`` = 1 / c: 0 for a row of zeros, -1 for a wide one."""
     after_previous(PDL)
     r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     rm = r < rows
@@ -117,10 +122,11 @@ def to_half(out, scale, q, a, m, rows, k, MIN: tl.constexpr, L: tl.constexpr, BR
         top_m, _ = _row_range(m, r0, rm, nsub, BR, 32)
         top = tl.maximum(top, top_m)
         bound = 128.0
-    c = tl.where(top > 0.0, HALF_TOP / (bound * top), 0.0)
-    u = tl.where(top > 0.0, bound * top / HALF_TOP, 0.0)
-    wide = (top > HALF_SPAN * low) | (top != top) | (top == float("inf"))
-    tl.store(scale + r, tl.where(wide, -1.0, 1.0) * u, mask=rm)
+    wide = (top > 0.0) & ((top > HALF_SPAN * low) | (top < HALF_LOW) | (top > HALF_HIGH))
+    wide = wide | (top != top)
+    c = tl.where((top > 0.0) & ~wide, HALF_TOP / (bound * top), 0.0)
+    u = tl.where((top > 0.0) & ~wide, bound * top / HALF_TOP, 0.0)
+    tl.store(scale + r, tl.where(wide, -1.0, u), mask=rm)
     for k0 in range(0, k, BK):
         e = k0 + tl.arange(0, BK)
         em = rm[:, None] & (e < k)[None, :]
@@ -152,17 +158,29 @@ def gemm_h(y, xh, sx, wh, sw, xq, xd, xs, wq, wa, wm, bias, res, t, k, n_out,
     ux = tl.load(sx + m0)
     uw = tl.load(sw + n0)
     if (tl.min(ux, axis=0) < 0.0) | (tl.min(uw, axis=0) < 0.0):
-        acc = _integer_dots(xq, xd, xs, wq, wa, wm, m0, n0, k, MIN, L, BM, BN)
+        # the integer dots a quarter of the tile at a time, in a loop (unrolled, or the
+        # whole tile at once, the kernel spills)
+        for part in range(4):
+            mq = tl.program_id(0).to(tl.int64) * BM + (part // 2) * (BM // 2)
+            mq += tl.arange(0, BM // 2)
+            nq = tl.program_id(1).to(tl.int64) * BN + (part % 2) * (BN // 2)
+            nq += tl.arange(0, BN // 2)
+            mqm = mq < t
+            nqm = nq < n_out
+            quarter = _integer_dots(xq, xd, xs, wq, wa, wm, tl.where(mqm, mq, 0),
+                                    tl.where(nqm, nq, 0), k, MIN, L, BM // 2, BN // 2)  # fmt: skip
+            _tile_epilogue(y, quarter, bias, res, mq, nq, mqm, nqm, n_out, HAS_BIAS, HAS_RES)
     else:
         acc = tl.zeros((BM, BN), tl.float32)
-        for k0 in range(0, k, BK):
-            e = k0 + tl.arange(0, BK)
-            em = e < k
-            xv = tl.load(xh + m0[:, None] * k + e[None, :], mask=em[None, :], other=0.0)
-            wv = tl.load(wh + n0[:, None] * k + e[None, :], mask=em[None, :], other=0.0)
-            acc = tl.dot(xv, tl.trans(wv), acc)
-        acc = acc * ux[:, None] * uw[None, :]
-    _tile_epilogue(y, acc, bias, res, m, n, mm, nm, n_out, HAS_BIAS, HAS_RES)
+        e = tl.arange(0, BK)
+        xp = xh + m0[:, None] * k + e[None, :]  # (K: a multiple of 32, and of BK)
+        wp = wh + n0[:, None] * k + e[None, :]
+        for _ in range(0, k, BK):
+            acc = tl.dot(tl.load(xp), tl.trans(tl.load(wp)), acc)
+            xp += BK
+            wp += BK
+        acc = acc * ux[:, None] * uw[None, :]  # (|acc| < 2^45, |u| < 2^53: no overflow)
+        _tile_epilogue(y, acc, bias, res, m, n, mm, nm, n_out, HAS_BIAS, HAS_RES)
 
 
 @triton.jit
