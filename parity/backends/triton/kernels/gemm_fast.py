@@ -33,17 +33,23 @@ from parity.backends.triton.kernels.pdl import after_previous
 
 
 @triton.jit
+def _tile(t, n_out, i, j, BM: tl.constexpr, BN: tl.constexpr):
+    """Tile (i, j)'s tokens m and outputs n (int64), whether each is one (of t, of n_out), and
+    both clamped to a valid row (0) for loads."""
+    m = i.to(tl.int64) * BM + tl.arange(0, BM)
+    n = j.to(tl.int64) * BN + tl.arange(0, BN)
+    mm = m < t
+    nm = n < n_out
+    return m, n, mm, nm, tl.where(mm, m, 0), tl.where(nm, n, 0)
+
+
+@triton.jit
 def gemm_q(y, xq, xd, xs, wq, wa, wm, bias, res, t, k, n_out, MIN: tl.constexpr,
            L: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
            HAS_RES: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     """y for a repacked quantized W (dequant.repack)."""
     after_previous(PDL)
-    m = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
-    n = tl.program_id(1).to(tl.int64) * BN + tl.arange(0, BN)
-    mm = m < t
-    nm = n < n_out
-    m0 = tl.where(mm, m, 0)
-    n0 = tl.where(nm, n, 0)
+    m, n, mm, nm, m0, n0 = _tile(t, n_out, tl.program_id(0), tl.program_id(1), BM, BN)
     acc = _integer_dots(xq, xd, xs, wq, wa, wm, m0, n0, k, MIN, L, BM, BN)
     _tile_epilogue(y, acc, bias, res, m, n, mm, nm, n_out, HAS_BIAS, HAS_RES)
 
@@ -149,26 +155,17 @@ def gemm_h(y, xh, sx, wh, sw, xq, xd, xs, wq, wa, wm, bias, res, t, k, n_out,
     tensor cores, times the two rows' scales; a tile that holds a wide row (to_half) takes the
     integer dots of gemm_q instead."""
     after_previous(PDL)
-    m = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
-    n = tl.program_id(1).to(tl.int64) * BN + tl.arange(0, BN)
-    mm = m < t
-    nm = n < n_out
-    m0 = tl.where(mm, m, 0)
-    n0 = tl.where(nm, n, 0)
+    m, n, mm, nm, m0, n0 = _tile(t, n_out, tl.program_id(0), tl.program_id(1), BM, BN)
     ux = tl.load(sx + m0)
     uw = tl.load(sw + n0)
     if (tl.min(ux, axis=0) < 0.0) | (tl.min(uw, axis=0) < 0.0):
         # the integer dots a quarter of the tile at a time, in a loop (unrolled, or the
         # whole tile at once, the kernel spills)
         for part in range(4):
-            mq = tl.program_id(0).to(tl.int64) * BM + (part // 2) * (BM // 2)
-            mq += tl.arange(0, BM // 2)
-            nq = tl.program_id(1).to(tl.int64) * BN + (part % 2) * (BN // 2)
-            nq += tl.arange(0, BN // 2)
-            mqm = mq < t
-            nqm = nq < n_out
-            quarter = _integer_dots(xq, xd, xs, wq, wa, wm, tl.where(mqm, mq, 0),
-                                    tl.where(nqm, nq, 0), k, MIN, L, BM // 2, BN // 2)  # fmt: skip
+            i = tl.program_id(0) * 2 + part // 2
+            j = tl.program_id(1) * 2 + part % 2
+            mq, nq, mqm, nqm, mq0, nq0 = _tile(t, n_out, i, j, BM // 2, BN // 2)
+            quarter = _integer_dots(xq, xd, xs, wq, wa, wm, mq0, nq0, k, MIN, L, BM // 2, BN // 2)
             _tile_epilogue(y, quarter, bias, res, mq, nq, mqm, nqm, n_out, HAS_BIAS, HAS_RES)
     else:
         acc = tl.zeros((BM, BN), tl.float32)
@@ -188,12 +185,7 @@ def gemm_f(y, x, w, bias, res, t, k, n_out, row_bytes, TYPE: tl.constexpr, BM: t
            BN: tl.constexpr, BK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
            PRECISION: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     after_previous(PDL)
-    m = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
-    n = tl.program_id(1).to(tl.int64) * BN + tl.arange(0, BN)
-    mm = m < t
-    nm = n < n_out
-    m0 = tl.where(mm, m, 0)
-    n0 = tl.where(nm, n, 0)
+    m, n, mm, nm, m0, n0 = _tile(t, n_out, tl.program_id(0), tl.program_id(1), BM, BN)
     acc = tl.zeros((BM, BN), tl.float32)
     for k0 in range(0, k, BK):
         e = k0 + tl.arange(0, BK)
