@@ -84,8 +84,9 @@ switches=${SWITCHES:-"WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_B
 all=${switches// /,}
 if [ "${DEEP:-0}" = 1 ]; then  # flash decoding's switches, deep in the cache
   fold=FOLD_BATCH=8; caps=CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2
-  gqa="HEADS_TOGETHER_CHUNKS[64]=3,HEADS_TOGETHER_CHUNKS[256]"
-  variants=${VARIANTS:-"- $fold $fold,$caps $fold,$gqa=1 $fold,$gqa=16 $fold,$caps,$gqa=1"}
+  all3="HEADS_TOGETHER_CHUNKS[64]=3,HEADS_TOGETHER_CHUNKS[256]=1"  # every deep token
+  from16="HEADS_TOGETHER_CHUNKS[64]=16,HEADS_TOGETHER_CHUNKS[256]=16"  # from depth 4,096
+  variants=${VARIANTS:-"- $fold $fold,$caps $fold,$all3 $fold,$from16 $fold,$caps,$all3"}
   POSITION=${POSITION:-4000}
 else
   variants=${VARIANTS:-"- WIDE_FIT_ROW=1,WIDE_BLOCKS_PER_SM=7 WIDE_FIT_ROW=1,WIDE_AHEAD=6,WIDE_BLOCKS_PER_SM=4 FOLD_BATCH=8 FOLD_BATCH=8,CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 NORM_DECODE_THREADS=256 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1"}
