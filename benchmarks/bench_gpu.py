@@ -24,7 +24,6 @@ standard deviation), the ratios are against it.
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import json
 import os
@@ -85,24 +84,16 @@ def _environment(settings: dict[str, str]):
 
 @contextlib.contextmanager
 def _lowering(switches: dict[str, str]):
-    """The cuda lowering's switches set while a runner loads and runs (steps are lowered when
-    first run), then restored."""
-    if not switches:
-        yield
-        return
-    from parity.backends.cuda import lowering
+    """The cuda lowering's switches (NAME or NAME[KEY] of a dict switch) set while a runner
+    loads and runs (steps are lowered when first run), then restored."""
+    from with_lowering import set_switch
 
-    saved = {}
-    for name, value in switches.items():
-        if not hasattr(lowering, name):
-            raise SystemExit(f"bench_gpu.py: the cuda lowering has no switch {name!r}")
-        saved[name] = getattr(lowering, name)
-        setattr(lowering, name, ast.literal_eval(value))
+    restore = [set_switch(f"{name}={value}") for name, value in switches.items()]
     try:
         yield
     finally:
-        for name, value in saved.items():
-            setattr(lowering, name, value)
+        for undo in reversed(restore):
+            undo()
 
 
 def run_llama(llama_bench: str, model: str, depths: list[int], prefill: list[int], gen: int,

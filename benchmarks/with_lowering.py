@@ -15,6 +15,25 @@ from __future__ import annotations
 import ast
 import runpy
 import sys
+from collections.abc import Callable
+
+
+def set_switch(setting: str) -> Callable[[], None]:
+    """Set ``NAME=VALUE`` or ``NAME[KEY]=VALUE`` in the cuda lowering; returns what puts the
+    old value back. SystemExit for a setting that is not one of a lowering switch."""
+    from parity.backends.cuda import lowering
+
+    name, eq, value = setting.partition("=")
+    name, _, key = name.partition("[")  # NAME[KEY]=VALUE: one entry of a dict switch
+    if not eq or not hasattr(lowering, name) or (key and not key.endswith("]")):
+        sys.exit(f"{setting!r} is not NAME=VALUE or NAME[KEY]=VALUE of a lowering switch")
+    old = getattr(lowering, name)
+    if key:
+        setattr(lowering, name, {**old, ast.literal_eval(key[:-1]): ast.literal_eval(value)})
+    else:
+        setattr(lowering, name, ast.literal_eval(value))
+    print(f"lowering.{name} = {getattr(lowering, name)!r}", file=sys.stderr)
+    return lambda: setattr(lowering, name, old)
 
 
 def main(argv: list[str]) -> None:
@@ -24,19 +43,8 @@ def main(argv: list[str]) -> None:
     settings, command = argv[:cut], argv[cut + 1 :]
     if not command:
         sys.exit("with_lowering.py: no script or module to run after --")
-    from parity.backends.cuda import lowering
-
     for setting in settings:
-        name, eq, value = setting.partition("=")
-        name, _, key = name.partition("[")  # NAME[KEY]=VALUE: one entry of a dict switch
-        if not eq or not hasattr(lowering, name) or (key and not key.endswith("]")):
-            sys.exit(f"with_lowering.py: {setting!r} is not NAME=VALUE of a lowering switch")
-        if key:
-            table = getattr(lowering, name)
-            table[ast.literal_eval(key[:-1])] = ast.literal_eval(value)
-        else:
-            setattr(lowering, name, ast.literal_eval(value))
-        print(f"lowering.{name} = {getattr(lowering, name)!r}", file=sys.stderr)
+        set_switch(setting)
     if command[0] == "-m":
         sys.argv = command[1:]
         runpy.run_module(command[1], run_name="__main__", alter_sys=True)
