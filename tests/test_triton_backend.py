@@ -200,7 +200,12 @@ from parity.quant.synthetic import random_weight
 cls = load_backends().backends["triton"]
 report = {}
 specs = {spec.id: spec for spec in op_suite()}
-# name: (case, whether its weights keep the suite's edge scales, a factor for its x)
+made = []  # the kernels each backend's launches run, by name
+kernel = tb.TritonBackend._kernel
+tb.TritonBackend._kernel = lambda self, fn, *a, **k: made.append(fn.__name__) or kernel(
+    self, fn, *a, **k)
+# name: (case, whether its weights keep the suite's edge scales, a factor for its x or
+# "normal": ordinary activations instead)
 for name, (case_id, edge, factor) in json.loads(sys.argv[1]).items():
     got = []
     for half in (False, True):
@@ -211,12 +216,17 @@ for name, (case_id, edge, factor) in json.loads(sys.argv[1]).items():
             for w_name, w in case.weights.items():
                 data = random_weight(w.dtype, w.shape, rng, edge=False)
                 case.weights[w_name] = WeightData(w_name, w.dtype, w.shape, data)
-        case.inputs["x"] *= np.float32(factor)
+        if factor == "normal":  # ordinary activations in place of the suite's planted ones
+            x = case.inputs["x"]
+            case.inputs["x"] = np.random.default_rng(6).standard_normal(x.shape).astype(x.dtype)
+        else:
+            case.inputs["x"] *= np.float32(factor)
+        made.clear()
         backend = cls(cls.devices()[0], numerics="fast")
         graph = backend.rewrite(case.graph) if case.rewrite else case.graph
         got.append(execute(backend, case, graph).outputs[graph.nodes.index(case.subject)])
     ints, half = got
-    report[name] = {"same": ints.tobytes() == half.tobytes(),
+    report[name] = {"same": ints.tobytes() == half.tobytes(), "to_half": made.count("to_half"),
                     "finite": bool(np.isfinite(half).all()),
                     "nmse": float(np.sum((half - ints) ** 2.0) / np.sum(ints ** 2.0))}
 print(json.dumps(report))
@@ -231,7 +241,8 @@ def test_the_float16_gemm_takes_the_integer_dots_where_float16_cannot_span_a_row
     1e-6); the suite's edge cases (weights' sub-block scales far apart, a 1e30 among ordinary
     activations) span more than 2^20 and take the integer dots, bit for bit those of gemm_q
     (float16 would have flushed the ordinary values), and so do activations of 1e-35 and 1e35
-    (whose scale factors would leave float32)."""
+    (whose scale factors would leave float32). Gate and up (with ordinary activations)
+    convert their shared x once."""
     plain = "matmul-plain-{}-64x512-t70"
     cases = {  # name: (case, edge weights, x's factor), whether the integer dots run
         "Q4_K": ((plain.format("Q4_K"), False, 1.0), False),
@@ -242,6 +253,7 @@ def test_the_float16_gemm_takes_the_integer_dots_where_float16_cannot_span_a_row
         "Q5_0 1e30 activations": (("matmul-Q5_0-40x896-t33", True, 1.0), True),
         "Q8_0 x 1e-35": ((plain.format("Q8_0"), False, 1e-35), True),
         "Q8_0 x 1e35": ((plain.format("Q8_0"), False, 1e35), True),
+        "Q4_K gate and up": (("matmul_swiglu-Q4_K-40x512-t35", False, "normal"), False),
     }
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
     arg = json.dumps({name: spec for name, (spec, _) in cases.items()})
@@ -253,6 +265,8 @@ def test_the_float16_gemm_takes_the_integer_dots_where_float16_cannot_span_a_row
         assert report[name]["same"] is integer, (name, report[name])
         assert report[name]["finite"] or integer, (name, report[name])
         assert integer or 1e-12 < report[name]["nmse"] < 1e-6, (name, report[name])
+    # gate and up read one x: it is made float16 once, each weight once
+    assert report["Q4_K gate and up"]["to_half"] == 3, report["Q4_K gate and up"]
 
 
 def test_discovery_imports_neither_triton_nor_torch():

@@ -288,6 +288,7 @@ class TritonBackend(GpuBackend):
             for s in graph.nodes[i].src:
                 self._readers.setdefault(s, []).append(i)
         self._fused: set[int] = set()  # nodes an earlier launch computes too
+        self._half_x: Any = None  # the x the float16 scratch holds, at this point of the split
         self._rope_kv = self._rope_kv_groups(split)
         for last, group in self._rope_kv.items():
             self._fused.update(set(group) - {last})  # (launched with the group's last node)
@@ -540,9 +541,14 @@ class TritonBackend(GpuBackend):
         rows = HALF_ROWS
         bk_rows = min(bk, 1 << max(0, k - 1).bit_length()) if self.interpreted else bk
         half = self.gemm_fast.to_half
+        steps = []
+        if self._half_x is not q.q:  # (the split's products in order: q, k and v, or gate and
+            self._half_x = q.q  # up, read one x, which the scratch then holds already)
+            steps.append(self._kernel(half, 0, xh, sx, q.q, q.d, q.d, t, k,
+                                      grid=(self.triton.cdiv(t, rows),), MIN=0, L=32, BR=rows,
+                                      BK=bk_rows, block=False))  # fmt: skip
         return [
-            self._kernel(half, 0, xh, sx, q.q, q.d, q.d, t, k, grid=(self.triton.cdiv(t, rows),),
-                         MIN=0, L=32, BR=rows, BK=bk_rows, block=False),
+            *steps,
             self._kernel(half, 0, wh, sw, w.q, w.a, w.m, n_out, k,
                          grid=(self.triton.cdiv(n_out, rows),), MIN=w.min, L=w.sub, BR=rows,
                          BK=bk_rows, block=False),
