@@ -66,6 +66,14 @@ struct NormRows {
     int width;
 };
 
+// 1 / sqrt(mean + eps) from the squares' TREE ss of a row of ``width`` (docs/numerics.md,
+// "RMS_NORM")
+__device__ __forceinline__ float rms_scale(float ss, int width, float eps) {
+    const float mean = __fdiv_rn(ss, (float)width);
+    const float r = __fsqrt_rn(__fadd_rn(mean, eps));
+    return __fdiv_rn(1.0f, r);
+}
+
 // norm_row where a thread's run is at most NORM_REGS slots (rows up to 8 blockDim.x wide): the
 // run's x and w loaded at once into registers and kept there for the scaling and the
 // quantization, whose 32-value blocks then span 32 / R lanes (the max and the integer sum are
@@ -95,10 +103,7 @@ __device__ __forceinline__ void norm_row_regs(float* y, i8* q, float* qd, float*
         }
         part = tree_finish<NORM_MAXL>(st, n, R);
     }
-    const float ss = block_tree(part, P, tmp);
-    const float mean = __fdiv_rn(ss, (float)width);
-    const float r = __fsqrt_rn(__fadd_rn(mean, eps));
-    const float scale = __fdiv_rn(1.0f, r);
+    const float scale = rms_scale(block_tree(part, P, tmp), width, eps);
     const i64 at = row * width + start;
 #pragma unroll
     for (int i = 0; i < NORM_REGS; ++i) {
@@ -178,10 +183,7 @@ __device__ void norm_row(float* y, i8* q, float* qd, float* qs, float* sum, cons
         }
         part = tree_finish<NORM_MAXL>(st, n, R);
     }
-    float ss = block_tree(part, P, tmp);
-    float mean = __fdiv_rn(ss, (float)width);
-    float r = __fsqrt_rn(__fadd_rn(mean, eps));
-    float scale = __fdiv_rn(1.0f, r);
+    const float scale = rms_scale(block_tree(part, P, tmp), width, eps);
     for (int i = threadIdx.x; i < width; i += blockDim.x) {
         float v = __fmul_rn(one ? x1 : __ldcg(xr + i), scale);
         if (w != nullptr) v = __fmul_rn(v, one ? w1 : w[i]);
