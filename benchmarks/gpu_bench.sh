@@ -10,6 +10,11 @@
 #                                        llama.cpp's CUDA build compiles; with TESTS=1 that is
 #                                        more than one call holds: COMPARE=0 leaves the
 #                                        comparisons to the next call's `compare` stage
+#   bash benchmarks/gpu_bench.sh verify  every bit-exactness check at once, as parallel processes
+#                                        on the one GPU (cuda and triton conformance, triton's
+#                                        fast tier with the float16 products too, the kernel
+#                                        and gpu-marked tests, the deep variants' attention):
+#                                        a third of `check`'s device time, no timings
 #   bash benchmarks/gpu_bench.sh compare both twins against cpu (benchmarks/gpu_compare.py:
 #                                        prompts 1, 7, 300, 600 x 64 steps, 256 greedy tokens)
 #   bash benchmarks/gpu_bench.sh bench   parity beside llama.cpp on the twins: decode at depth 0
@@ -45,7 +50,7 @@
 #                                        and 4096 (RUNNERS, default cuda:exact and triton:fast;
 #                                        a switch per runner: cuda:exact:lowering.NAME=1)
 set -u
-stage=${1:?usage: gpu_bench.sh check|compare|bench|quick|candidates|ab|deep|half|table}
+stage=${1:?usage: gpu_bench.sh check|verify|compare|bench|quick|candidates|ab|deep|half|table}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .wheels/*.whl || exit 1
 export PYTHONPATH=/tmp/site XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -203,6 +208,27 @@ if [ "$stage" = check ]; then
   # PACK=1: the build back in pieces small enough to return, for .peer on later calls
   [ "${PACK:-0}" = 1 ] && tar cf - -C /tmp/lcpp/build bin | xz -T0 -6 \
     | split -b 15M - "$out/lcpp-bin.tar.xz." && ls -la "$out"/lcpp-bin.*
+  exit 0
+fi
+if [ "$stage" = verify ]; then  # correctness only, so the processes may share the GPU
+  run() { local name=$1; shift; { timeout "${VERIFY_S:-500}" "$@"; echo "rc $?"; } > "$out/$name.txt" 2>&1; }
+  run conformance_cuda python3 -m parity conformance cuda &
+  run ops_tests python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_backend_ops.py \
+    --backend cuda &
+  run gpu_tests python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_cuda_backend.py &
+  { python3 -m parity conformance triton  # exact, and fast with the integer dots
+    PARITY_TRITON_HALF_GEMM=1 python3 -m parity conformance triton --numerics fast
+  } > "$out/conformance_triton.txt" 2>&1 &
+  fold=FOLD_BATCH=8; caps=CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2
+  for variant in $fold,$caps "HEADS_TOGETHER_CHUNKS[64]=3,HEADS_TOGETHER_CHUNKS[128]=3,HEADS_TOGETHER_CHUNKS[256]=1" \
+      "$fold,$caps,HEADS_TOGETHER_CHUNKS[64]=16,HEADS_TOGETHER_CHUNKS[256]=16"; do
+    echo "== parity conformance cuda -k attention with $variant"
+    python3 benchmarks/with_lowering.py ${variant//,/ } -- -m parity conformance cuda -k attention 2>&1 | tail -2
+  done > "$out/conformance_deep.txt" 2>&1 &
+  wait
+  for f in conformance_cuda ops_tests gpu_tests conformance_triton conformance_deep; do
+    echo "== $f"; grep -E "passed|failed|bit-exact|error|Error|rc [0-9]|==" "$out/$f.txt" | tail -8
+  done
   exit 0
 fi
 if [ "$stage" = compare ]; then
