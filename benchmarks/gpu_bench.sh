@@ -122,7 +122,7 @@ if [ "$stage" = candidates ]; then
   exit 0
 fi
 if [ "$stage" = ab ]; then  # (about 17 s a model and variant a round: MODELS=one a call)
-  if [ "${DEEP:-0}" = 1 ]; then  # the deep variants' kernels bit-exact first
+  if [ "${DEEP:-0}" = 1 ] && [ "${CONFORM:-1}" = 1 ]; then  # the deep variants' kernels bit-exact first (CONFORM=0: `verify` did)
     for variant in $variants; do
       [ "$variant" = - ] && continue
       echo "== parity conformance cuda -k attention with $variant"
