@@ -45,12 +45,17 @@
 #                                        cores (PARITY_TRITON_HALF_GEMM=1) against the integer
 #                                        dots: fast conformance with it on, then the 512-token
 #                                        prefill kernel by kernel, both ways, two rounds
+#   bash benchmarks/gpu_bench.sh ncu     hardware counters of a few kernels (Nsight Compute, which
+#                                        reads them on Firecracker machines only): where the
+#                                        warps stall, occupancy, the busiest units, the hottest
+#                                        source lines; NCU_KERNELS (regexes), NCU_MODEL, a
+#                                        512-token prefill and 8 decode steps of `parity bench`
 #   bash benchmarks/gpu_bench.sh table   the issue's table beside llama.cpp (bench_gpu.py):
 #                                        decode at depths 0, 4096 and 16384, prefill 128, 512
 #                                        and 4096 (RUNNERS, default cuda:exact and triton:fast;
 #                                        a switch per runner: cuda:exact:lowering.NAME=1)
 set -u
-stage=${1:?usage: gpu_bench.sh check|verify|compare|bench|quick|candidates|ab|deep|half|table}
+stage=${1:?usage: gpu_bench.sh check|verify|compare|bench|quick|candidates|ab|deep|half|ncu|table}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .wheels/*.whl || exit 1
 export PYTHONPATH=/tmp/site XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -180,6 +185,17 @@ if [ "$stage" = half ]; then  # triton:fast's products on float16 tensor cores
       done
     done
   done 2>&1 | tee "$out/half.txt"
+  exit 0
+fi
+if [ "$stage" = ncu ]; then  # counters of the first launches of each kernel named
+  m=${NCU_MODEL:-qwen2.5-coder-0.5b}
+  sections="SpeedOfLight Occupancy LaunchStats WarpStateStats SchedulerStats ComputeWorkloadAnalysis MemoryWorkloadAnalysis SourceCounters"
+  for k in ${NCU_KERNELS:-gemm_mma rms_norm_f32 attention_chunks gemv_q}; do
+    echo "== ncu $m $k"
+    timeout "${NCU_S:-150}" ncu --clock-control none -k "regex:$k" -c "${NCU_COUNT:-4}" \
+      $(printf -- "--section %s " $sections) python3 -m parity bench --model /tmp/$m.gguf \
+      --backend cuda -p 512 -g 8 2>&1 | grep -v "^parity\|^  warnings" | tail -n +1
+  done 2>&1 | tee "$out/ncu.txt" | grep -E "^== |Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Stall|==PROF==|ERR" | head -80
   exit 0
 fi
 if [ "$stage" = table ]; then
