@@ -145,6 +145,29 @@ def test_flash_decoding_heads_together_are_bit_exact_in_the_emulator(case, monke
     assert names == {"attention_chunks", "attention_sums"}, launched
 
 
+TILED = [
+    "attention-window7-9x3x64-p250-t20",
+    "attention-window100-4x4x64-p600-t8",
+    "attention-plain-window64-4x1x256-p200-t40",
+    "fusion-attention-out-Q5_0-14x2x64-p40-t7",
+]
+
+
+@pytest.mark.parametrize("chunks", [None, 1])
+@pytest.mark.parametrize("case", TILED)
+def test_prefill_attention_with_kept_scores_is_bit_exact_in_the_emulator(case, chunks,
+                                                                         monkeypatch):  # fmt: skip
+    """TILE_SCORES_BYTES: attention_tiles' second pass reads the scores its first kept in
+    scratch; ``chunks`` 1: scratch for one chunk a row, so that a block whose tokens see two
+    (the window cases, a tile across positions 255 and 256) makes them again."""
+    from parity.backends.cuda import lowering
+
+    if chunks is not None:
+        monkeypatch.setattr(lowering, "tile_scores_chunks", lambda rows, seen: chunks)
+    launched = [name for name, _ in _judge_with(case, monkeypatch, TILE_SCORES_BYTES=1 << 30)]
+    assert any(n.startswith("attention_tiles<") and n.endswith(", true>") for n in launched)
+
+
 @pytest.mark.parametrize("case", ["matmul-Q5_0-40x896-t33", "matmul_swiglu-Q4_K-40x512-t35"])
 def test_gemm_of_three_blocks_a_multiprocessor_is_bit_exact_in_the_emulator(case, monkeypatch):
     """MMA_MIN_BLOCKS=3: gemm_mma instantiated with a register cap (the emulator runs its

@@ -108,6 +108,11 @@ ARGMAX_IN_HEAD = False
 TILE_ROWS = 32  # ... query rows (heads x tokens) a block at most, heads of 64 (half: wider)
 TILE_TOKENS = 32  # ... and tokens (attention.cu's TILE_TOKENS)
 TILE_BLOCKS = 256  # ... and as few tokens a block as give this many blocks (about 2 an H200 SM)
+# ... its first pass's scores kept in scratch of at most this many bytes, where a block's chunks
+# fit its share, for the second pass to read back instead of making them again (the same
+# floats): all of a 512-token prompt's from position 0 at 32 MiB (Qwen: 7 MiB a chunk), none
+# of a 4,096-token one's. 0: made twice. Until a GPU times it: 0
+TILE_SCORES_BYTES = 0
 # ... in one launch where a token sees at most this many chunks (each block scores every one for
 # the max: K read once a chunk); more: the scores through scratch (attention.cu). Heads of 256
 # always take the two launches: the one-launch kernel spills at 256, and the two were faster on
@@ -194,6 +199,12 @@ def tile_rows(d: int) -> int:
     shared memory, so two blocks fit an SM's (heads of 128 take 250 registers a thread, so
     their blocks go one an SM all the same)."""
     return TILE_ROWS if d == 64 else TILE_ROWS // 2
+
+
+def tile_scores_chunks(rows: int, seen: int) -> int:
+    """The chunks of scores each of attention_tiles' ``rows`` query rows (all its blocks') may
+    keep in TILE_SCORES_BYTES (at most the ``seen`` a token can see); 0: none."""
+    return min(seen, TILE_SCORES_BYTES // (rows * 256 * 4))
 
 
 def gemm_mma_shared(dtype: DType, gated: bool, k: int) -> int | None:
@@ -684,8 +695,14 @@ class Lowering:
             heads = arg.n_head // arg.n_head_kv
             a.n_tokens = t
             a.tile_tokens = tile = tile_tokens(t, heads, arg.n_head_kv, d)
-            self._launch("attention.cu", f"attention_tiles<{d}>",
-                         (arg.n_head_kv, -(-t // tile), 1), (256, 1, 1), [a],
+            grid = (arg.n_head_kv, -(-t // tile), 1)
+            rows = grid[0] * grid[1] * heads * tile  # (every block's)
+            a.chunks_one_launch = kept = tile_scores_chunks(rows, seen)
+            if kept:
+                scores = self._shared_scratch("tile_scores", DType.F32, rows * kept * 256)
+                a.scores = scores.data_ptr()
+            name = f"attention_tiles<{d}, true>" if kept else f"attention_tiles<{d}>"
+            self._launch("attention.cu", name, grid, (256, 1, 1), [a],
                          tiles_shared(heads * tile, d))  # fmt: skip
         elif (2 <= arg.n_head // arg.n_head_kv <= GQA_HEADS_MAX
               and arg.n_head // arg.n_head_kv * d <= GQA_WIDTH_MAX):  # fmt: skip

@@ -49,10 +49,11 @@ struct AttnArgs {
     float* os;
     float* part;  // flash decoding: per (token, head, chunk) D + 1 floats (N_c then D_c)
     float* pmax;  // flash decoding, many chunks: per (token, head, chunk) its scores' max
-    float* scores;  // ... and its 256 scores
+    float* scores;  // ... and its 256 scores; attention_tiles: the kept scores (or null)
     int* tickets;  // flash decoding: per (token, head) a counter, zero between launches
     int n_head, n_head_kv, n_ctx;
-    int chunks_one_launch;  // flash decoding: attention_chunks alone up to this many chunks
+    int chunks_one_launch;  // flash decoding: attention_chunks alone up to this many chunks;
+                            // attention_tiles: the chunks a block's share of scores holds
     int window;  // 0: every position 0 .. p
     int n_tokens;  // T (attention_tiles: its last tile may hold fewer)
     int tile_tokens;  // attention_tiles: the tokens of a block
@@ -764,7 +765,9 @@ __global__ void __launch_bounds__(CHUNK) attention_rows_gqa(AttnArgs a) {
 // dimension i 64 rows at a time, each batch's values in registers, and makes the rows' TREEs
 // over them, added the same way. Every score, weight, TREE and fold is the one attention_rows
 // makes, and so are the bits. The scores are made twice (the max pass, then the sums), as in
-// attention_rows. Dynamic shared memory: lowering.py's tiles_shared(R, D) bytes (at most about
+// attention_rows. With KEEP and ``scores`` (lowering.py's TILE_SCORES_BYTES), a block whose
+// chunks fit its share of it keeps pass 1's scores there (global memory, mostly L2 at these
+// sizes) and pass 2 reads them back instead of making them again: the same floats. Dynamic shared memory: lowering.py's tiles_shared(R, D) bytes (at most about
 // 81 KiB). Heads of 64 and 256 fit 128 registers, two blocks an SM; heads of 128 take 250
 // (ptxas, sm_90), one block an SM.
 #define TILE_TOKENS 32  // TQ at most
@@ -826,7 +829,7 @@ __device__ __forceinline__ float batch_run(const float* e, const float (&vals)[6
     return tree_finish<10>(st, 64, 64);
 }
 
-template <int D>
+template <int D, bool KEEP = false>  // KEEP: the scores may be kept (``scores`` given)
 __global__ void __launch_bounds__(CHUNK, D == 128 ? 1 : 2) attention_tiles(AttnArgs a) {
     pdl_begin();
     constexpr int NS = D / 64, PARTS = CHUNK / D;
@@ -867,6 +870,15 @@ __global__ void __launch_bounds__(CHUNK, D == 128 ? 1 : 2) attention_tiles(AttnA
         cmax = max(cmax, ps[tq] / CHUNK);
         last = max(last, ps[tq]);
     }
+    // the scores kept for pass 2 (KEEP, and this block's chunks no more than the
+    // ``chunks_one_launch`` its share holds: R rows of that many chunks); else pass 2 makes
+    // them again. (Worked out at each use from the arguments: registers held across the
+    // passes spill.)
+    auto keep = [&] { return KEEP && cmax - cmin < a.chunks_one_launch; };
+    auto kept = [&](int r, int c) {  // row r's score of slot tid of chunk c
+        const i64 row = (i64)(blockIdx.y * gridDim.x + blockIdx.x) * R + r;
+        return a.scores + (row * a.chunks_one_launch + c - cmin) * CHUNK + threadIdx.x;
+    };
     // every row's score of this thread's slot in chunk c, slab by slab: act(r, in, score)
     auto scores = [&](int c, auto act) {
         const int pos = c * CHUNK + tid;
@@ -889,6 +901,7 @@ __global__ void __launch_bounds__(CHUNK, D == 128 ? 1 : 2) attention_tiles(AttnA
     for (int c = cmin; c <= cmax; ++c) {
         scores(c, [&](int r, bool in, float s) {
             if (in) w[r * CHUNK + tid] = max_nan(w[r * CHUNK + tid], s);
+            if (keep()) *kept(r, c) = s;
         });
     }
     __syncthreads();
@@ -907,9 +920,21 @@ __global__ void __launch_bounds__(CHUNK, D == 128 ? 1 : 2) attention_tiles(AttnA
     // the rows whose token sees the chunk
     const int i = tid % D, part = tid / D;
     for (int c = cmin; c <= cmax; ++c) {
-        scores(c, [&](int r, bool in, float s) {
+        auto weigh = [&](int r, bool in, float s) {
             w[r * CHUNK + tid] = in ? p_exp(__fsub_rn(s, mx[r])) : 0.0f;
-        });
+        };
+        if (keep()) {  // (this thread wrote them: no barrier)
+            const int pos = c * CHUNK + tid;
+            for (int tq = 0; tq < TQ; ++tq) {
+                const bool in = seen(pos, los[tq], ps[tq]);
+                for (int h = 0; h < H; ++h) {
+                    const int r = tq * H + h;
+                    weigh(r, in, *kept(r, c));
+                }
+            }
+        } else {
+            scores(c, weigh);
+        }
         __syncthreads();
         for (int r = warp; r < R; r += CHUNK / 32) {
             const float4 e0 = *reinterpret_cast<const float4*>(w + r * CHUNK + lane * 8);
