@@ -911,6 +911,9 @@ gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const flo
             }
         }
         if (tid < G::BT * 8) sh.xds[tid / 8][tid % 8] = xds;
+        // the next stage's loads (raw, xv and xds are free again): in flight over the unpacking
+        // as well as the products
+        if (i + 1 < stages) fetch(i + 1);
         // unpack: one (matrix, row, sub-block) at a time
         for (int v = tid; v < G::NMAT * G::BN * G::SUBS; v += MMA_THREADS) {
             const int mat = v / (G::BN * G::SUBS), r = (v / G::SUBS) % G::BN, j = v % G::SUBS;
@@ -930,7 +933,6 @@ gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const flo
             for (int k = 0; k < G::WPS; ++k) sh.wq[mat][r][G::pos(j, k)] = q[k];
             sh.wam[mat][r][j] = make_float2(a, m);
         }
-        if (i + 1 < stages) fetch(i + 1);
         __syncthreads();
         // this warp's tile, JG sub-blocks at a time, the stage's SUBS terms as a subtree. The
         // last stage of a row that ends inside it (``last``: a Flag<true>) pushes its padding,
