@@ -90,8 +90,9 @@ fi
 # prefill GEMM's blocks a multiprocessor)
 # (seventh session: a deep token's chunks by a block a KV head, HEADS_TOGETHER_CHUNKS)
 together="HEADS_TOGETHER_CHUNKS[64]=3 HEADS_TOGETHER_CHUNKS[128]=3 HEADS_TOGETHER_CHUNKS[256]=8"
-# (eighth session: prefill attention's scores kept for its second pass, TILE_SCORES_BYTES)
-switches=${SWITCHES:-"TILE_SCORES_BYTES=33554432 WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 $together"}
+# (eighth session: prefill attention's scores kept for its second pass, TILE_SCORES_BYTES: on
+# since its A/B; TILE_SCORES_BYTES=0 times the kernel without)
+switches=${SWITCHES:-"WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 $together"}
 all=${switches// /,}
 if [ "${DEEP:-0}" = 1 ]; then  # flash decoding's switches, deep in the cache
   fold=FOLD_BATCH=8; caps=CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2
@@ -100,7 +101,7 @@ if [ "${DEEP:-0}" = 1 ]; then  # flash decoding's switches, deep in the cache
   variants=${VARIANTS:-"- $fold $fold,$caps $fold,$all3 $fold,$from16 $fold,$caps,$all3"}
   POSITION=${POSITION:-4000}
 else
-  variants=${VARIANTS:-"- TILE_SCORES_BYTES=33554432 WIDE_FIT_ROW=1,WIDE_BLOCKS_PER_SM=7 WIDE_FIT_ROW=1,WIDE_AHEAD=6,WIDE_BLOCKS_PER_SM=4 FOLD_BATCH=8 FOLD_BATCH=8,CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 NORM_DECODE_THREADS=256 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1"}
+  variants=${VARIANTS:-"- WIDE_FIT_ROW=1,WIDE_BLOCKS_PER_SM=7 WIDE_FIT_ROW=1,WIDE_AHEAD=6,WIDE_BLOCKS_PER_SM=4 FOLD_BATCH=8 FOLD_BATCH=8,CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 NORM_DECODE_THREADS=256 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1"}
 fi
 if [ "$stage" = candidates ]; then
   (bash .peer/llamacpp-cuda.sh build > /tmp/lcpp_build.txt 2>&1; echo "build rc $?" >> /tmp/lcpp_build.txt) &
@@ -237,7 +238,7 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
     PARITY_TRITON_HALF_GEMM=1 python3 -m parity conformance triton --numerics fast
   } > "$out/conformance_triton.txt" 2>&1 &
   fold=FOLD_BATCH=8; caps=CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2
-  for variant in TILE_SCORES_BYTES=33554432 $fold,$caps "HEADS_TOGETHER_CHUNKS[64]=3,HEADS_TOGETHER_CHUNKS[128]=3,HEADS_TOGETHER_CHUNKS[256]=1" \
+  for variant in TILE_SCORES_BYTES=0 $fold,$caps "HEADS_TOGETHER_CHUNKS[64]=3,HEADS_TOGETHER_CHUNKS[128]=3,HEADS_TOGETHER_CHUNKS[256]=1" \
       "$fold,$caps,HEADS_TOGETHER_CHUNKS[64]=16,HEADS_TOGETHER_CHUNKS[256]=16"; do
     echo "== parity conformance cuda -k attention with $variant"
     python3 benchmarks/with_lowering.py ${variant//,/ } -- -m parity conformance cuda -k attention 2>&1 | tail -2

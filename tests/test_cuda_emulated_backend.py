@@ -153,19 +153,21 @@ TILED = [
 ]
 
 
-@pytest.mark.parametrize("chunks", [None, 1])
+@pytest.mark.parametrize("chunks", [None, 1, 0])
 @pytest.mark.parametrize("case", TILED)
 def test_prefill_attention_with_kept_scores_is_bit_exact_in_the_emulator(case, chunks,
                                                                          monkeypatch):  # fmt: skip
     """TILE_SCORES_BYTES: attention_tiles' second pass reads the scores its first kept in
     scratch; ``chunks`` 1: scratch for one chunk a row, so that a block whose tokens see two
-    (the window cases, a tile across positions 255 and 256) makes them again."""
+    (the window cases, a tile across positions 255 and 256) makes them again; 0: none kept,
+    every score made twice (the kernel without the scratch)."""
     from parity.backends.cuda import lowering
 
     if chunks is not None:
         monkeypatch.setattr(lowering, "tile_scores_chunks", lambda rows, seen: chunks)
     launched = [name for name, _ in _judge_with(case, monkeypatch, TILE_SCORES_BYTES=1 << 30)]
-    assert any(n.startswith("attention_tiles<") and n.endswith(", true>") for n in launched)
+    tiles = [n for n in launched if n.startswith("attention_tiles<")]
+    assert tiles and all(n.endswith(", true>") == (chunks != 0) for n in tiles), launched
 
 
 @pytest.mark.parametrize("case", ["matmul-Q5_0-40x896-t33", "matmul_swiglu-Q4_K-40x512-t35"])

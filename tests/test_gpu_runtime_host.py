@@ -386,7 +386,7 @@ def test_prefill_tiles_launch_a_block_a_kv_head_and_tile_of_tokens(
         model = _twin_spec(name)
     spec, _, _, lowered, _ = _lower(model, params)
     tiles = [launch for _, (launch, *_) in lowered.launches
-             if getattr(launch, "name", "") == f"attention_tiles<{d}>"]  # fmt: skip
+             if getattr(launch, "name", "").startswith(f"attention_tiles<{d}")]  # fmt: skip
     assert len(tiles) == spec.n_layer
     assert tile_tokens(300, heads, spec.n_head_kv, d) == tile
     assert spec.n_head_kv * -(-300 // tile) >= TILE_BLOCKS > spec.n_head_kv * -(-300 // (tile + 1))
@@ -395,6 +395,11 @@ def test_prefill_tiles_launch_a_block_a_kv_head_and_tile_of_tokens(
         assert launch.shared == tiles_shared(heads * tile, d)
         (a,) = launch.args
         assert (a.n_tokens, a.tile_tokens) == (300, tile)
+        # the scores kept (TILE_SCORES_BYTES): as many chunks a row as 32 MiB hold, up to the
+        # 2,048-slot cache's 8 (fewer in a window); at least the two of 300 tokens from 0
+        rows = spec.n_head_kv * -(-300 // tile) * heads * tile
+        assert 2 <= a.chunks_one_launch <= min(8, lowering.TILE_SCORES_BYTES // (rows * 1024))
+        assert launch.name == f"attention_tiles<{d}, true>" and a.scores
     for width in (64, 128, 256):  # the most rows: two blocks' shared memory fit an SM
         assert 2 * (tiles_shared(tile_rows(width), width) + 256) <= 228 << 10
     assert tile_tokens(4096, 7, 2) == 4 and tile_tokens(4096, 1, 2) == 32  # rows, tokens cap

@@ -111,8 +111,9 @@ TILE_BLOCKS = 256  # ... and as few tokens a block as give this many blocks (abo
 # ... its first pass's scores kept in scratch of at most this many bytes, where a block's chunks
 # fit its share, for the second pass to read back instead of making them again (the same
 # floats): all of a 512-token prompt's from position 0 at 32 MiB (Qwen: 7 MiB a chunk), none
-# of a 4,096-token one's. 0: made twice. Until a GPU times it: 0
-TILE_SCORES_BYTES = 0
+# of a 4,096-token one's. 0: made twice. Prefill attention of 512 tokens 11-27 % faster, the
+# prefill 2.4-8.9 % (H100, docs/perf.md)
+TILE_SCORES_BYTES = 32 << 20
 # ... in one launch where a token sees at most this many chunks (each block scores every one for
 # the max: K read once a chunk); more: the scores through scratch (attention.cu). Heads of 256
 # always take the two launches: the one-launch kernel spills at 256, and the two were faster on
