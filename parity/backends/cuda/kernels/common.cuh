@@ -105,17 +105,15 @@ __device__ __forceinline__ float bits_f32(u32 b) { return __uint_as_float(b); }
 
 // binary16 bits -> binary32, exactly (fp16 subnormals become normal fp32 values)
 __device__ __forceinline__ float f16_to_f32(u16 h) {
-    u32 sign = (u32)(h & 0x8000u) << 16;
-    u32 exp = (h >> 10) & 0x1fu;
-    u32 man = h & 0x3ffu;
-    if (exp == 0x1fu) return bits_f32(sign | 0x7f800000u | (man << 13));  // inf, NaN
-    if (exp == 0) {
-        if (man == 0) return bits_f32(sign);  // +-0
-        // subnormal: man * 2^-24, exact in binary32
-        float v = __fmul_rn((float)man, bits_f32(0x33800000u));  // 2^-24
-        return bits_f32(sign | __float_as_uint(v));
-    }
-    return bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
+    const u32 sign = (u32)(h & 0x8000u) << 16;
+    const u32 exp = (h >> 10) & 0x1fu;
+    const u32 man = h & 0x3ffu;
+    // subnormal or zero: man * 2^-24, as (0.5 + man * 2^-24) - 0.5 (exact: an ulp of 0.5 is
+    // 2^-24, and the difference of floats within a factor of two is exact); no branch, no
+    // integer-to-float conversion. Normal: rebiased; inf, NaN: the payload kept
+    const u32 sub = __float_as_uint(__fsub_rn(bits_f32(0x3f000000u | man), 0.5f));
+    const u32 norm = ((exp == 0x1fu ? 0xffu : exp + 112u) << 23) | (man << 13);
+    return bits_f32(sign | (exp == 0 ? sub : norm));
 }
 
 // a little-endian u16 at any byte address (blocks of 18 or 22 bytes are only 2-aligned)

@@ -30,9 +30,14 @@ __device__ __forceinline__ void scale_min_k4(const u8* sc, int s, int& scale, in
     }
 }
 
-// the four bits of ``bits`` (0..15) moved to bit 4 of each byte of a word
-__device__ __forceinline__ u32 spread_bit4(u32 bits) {
-    return ((bits & 1u) << 4) | ((bits & 2u) << 11) | ((bits & 4u) << 18) | ((bits & 8u) << 25);
+// Q5_0's four quants of a word as int8: byte i is nibble i of ``nib`` (its high bits ignored)
+// plus 16 times bit i of ``bits`` (0..15), minus 16. One multiply moves bit i to bit 8i + 4
+// (shifts 4, 11, 18, 25: no two of the 16 products share a bit, so nothing carries); a byte
+// whose fifth bit is set is its nibble, one whose bit is clear its nibble - 16 (0xF0 | the
+// nibble): __vsub4(nibble | fifth bit, 0x10101010), in three integer operations fewer
+__device__ __forceinline__ u32 q5_bytes(u32 nib, u32 bits) {
+    const u32 fifth = (bits * 0x02040810u) & 0x10101010u;
+    return (nib | 0xF0F0F0F0u) ^ (fifth * 15u);
 }
 
 // a little-endian u32 at an address aligned to ALIGN bytes (2 or more): blocks of 18, 22, 34
@@ -64,9 +69,12 @@ __device__ __forceinline__ void load_sub(const u8* row, int s, int (&q)[8], floa
 #pragma unroll
         for (int w = 0; w < 8; ++w) {
             const u32 v = load_u32a<Lt::ALIGN>(qs + 4 * (w & 3));
+            if (QT == T_Q5_0) {
+                q[w] = (int)q5_bytes(w < 4 ? v : v >> 4, (qh >> (4 * w)) & 0xFu);
+                continue;
+            }
             u32 nib = w < 4 ? (v & 0x0F0F0F0Fu) : ((v >> 4) & 0x0F0F0F0Fu);
             if (QT == T_Q4_0) nib = __vsub4(nib, 0x08080808u);
-            if (QT == T_Q5_0) nib = __vsub4(nib | spread_bit4((qh >> (4 * w)) & 0xFu), 0x10101010u);
             q[w] = (int)nib;
         }
     } else if (QT == T_Q4_K) {
