@@ -178,6 +178,18 @@ def test_gemm_of_three_blocks_a_multiprocessor_is_bit_exact_in_the_emulator(case
     assert any(n.startswith("gemm_mma<") and n.endswith(", 3>") for n in launched), launched
 
 
+@pytest.mark.parametrize("case", ["matmul-plain-Q5_0-64x512-t70", "matmul-plain-Q6_K-64x512-t70",
+                                  "matmul_swiglu-Q4_K-40x512-t35", "matmul_add-Q4_1-40x512-t35",
+                                  "matmul-Q8_0-72x1024-t37"])  # fmt: skip
+def test_gemm_of_64_tokens_a_block_is_bit_exact_in_the_emulator(case, monkeypatch):
+    """MMA_TOKENS=64: gemm_mma's blocks of 16 warps, 32 rows x 64 tokens (70 tokens: a full
+    tile and a tile of 6; Q6_K's sub-blocks of 16, gate and up, a residual, rows of 1,024)."""
+    launched = _judge_with(case, monkeypatch, MMA_TOKENS=64)
+    blocks = {block for name, block in launched if name.startswith("gemm_mma<")}
+    names = [name for name, _ in launched if name.startswith("gemm_mma<")]
+    assert blocks == {512} and all(n.endswith(", 1, 64>") for n in names), launched
+
+
 NORMS = [c for c in CASES if c.startswith("rms_norm") or "-norm-" in c or "-norms-" in c]
 
 

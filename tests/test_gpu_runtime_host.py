@@ -142,6 +142,8 @@ KERNELS = [
     ("matmul.cu", "gemm_q<12, 6, 4>"),
     *(("matmul.cu", f"gemm_mma<{t}, {e}>") for t in (2, 3, 6, 8, 12, 14) for e in (0, 1, 2, 4)),
     ("matmul.cu", "gemm_mma<6, 4, 3>"),  # (the switches' instantiations: MMA_MIN_BLOCKS ...)
+    ("matmul.cu", "gemm_mma<6, 4, 1, 64>"),  # (... MMA_TOKENS)
+    ("matmul.cu", "gemm_mma<14, 2, 1, 64>"),
     ("matmul.cu", "gemv_q_wide<8, 0, 3>"),
     ("matmul.cu", "gemv_q_wide<8, 0, 6, 2>"),  # (... WIDE_FIT_ROW, FOLD_BATCH, MIN_BLOCKS)
     ("matmul.cu", "gemv_q_wide<8, 0, 3, 3, 1>"),  # (... ARGMAX_IN_HEAD)
@@ -419,6 +421,10 @@ def test_gemm_mma_shared_memory_and_its_limits():
     assert two == one + 32 * (192 + 80 * 4 + 10 * 8) + 3 * 8 * 256 * 4
     for dtype in (DType.Q4_K, DType.Q6_K, DType.Q8_0):  # the widest real rows fit an H200's SM
         assert gemm_mma_shared(dtype, True, 4864) < 227 << 10
+        assert gemm_mma_shared(dtype, True, 4864, tokens=64) < 227 << 10  # (one block an SM)
+    # 64 tokens a block (MMA_TOKENS): twice the activations, twice the threads' counters
+    wide = gemm_mma_shared(DType.Q5_0, False, 896, tokens=64)
+    assert wide == one + 32 * (80 * 4 + 10 * 8) + 3 * 4 * 256 * 4 * 2
 
 
 def test_reshapes_and_slices_of_computed_values_are_views_not_copies():

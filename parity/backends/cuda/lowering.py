@@ -53,8 +53,12 @@ GEMV_WARPS = 4
 ARGMAX_SLICE = 256 * 16  # elements of a row one argmax block takes (rows.cu)
 GEMV_MAX_ROUNDS = 128  # rounds of 32 sub-blocks a warp's TREE holds (matmul.cu's GEMV_MAXL)
 GEMM_TILE = {False: (32, 64), True: (32, 32)}  # (rows, tokens) per block; gated: fewer tokens
-MMA_TILE = 32  # rows and tokens of a gemm_mma block (matmul.cu's MmaGeom BN, BT)
-MMA_THREADS = 256  # its threads
+MMA_TILE = 32  # rows of a gemm_mma block (matmul.cu's MmaGeom BN)
+# ... and its tokens (BT; 8 BT threads): 32, or 64 for a stage's weights unpacked once for
+# twice the tokens (a third of Qwen's gate/up GEMM's instructions unpack them at 32:
+# docs/perf.md), one block of 16 warps a multiprocessor instead of two of 8. Until a GPU times
+# it: 32
+MMA_TOKENS = 32
 # ... and the blocks a multiprocessor should hold (its __launch_bounds__' minimum): 2, 128
 # registers; 3 caps them at 80 (12-56 bytes spilled) for 24 warps a multiprocessor instead of
 # 16 (Qwen's gate/up GEMM: 3.9 of a 12 ms 512-token prefill, far from the tensor cores' speed,
@@ -208,10 +212,10 @@ def tile_scores_chunks(rows: int, seen: int) -> int:
     return min(seen, TILE_SCORES_BYTES // (rows * 256 * 4))
 
 
-def gemm_mma_shared(dtype: DType, gated: bool, k: int) -> int | None:
-    """Bytes of dynamic shared memory of matmul.cu's gemm_mma for a product over K (its
-    MmaShared, then the TREE counters of levels LOG .. log2(W)), or None where it does not
-    apply: rows shorter than a stage's subtree (W < SUBS) go to gemm_q."""
+def gemm_mma_shared(dtype: DType, gated: bool, k: int, tokens: int = 32) -> int | None:
+    """Bytes of dynamic shared memory of matmul.cu's gemm_mma for a product over K in blocks
+    of ``tokens`` (its MmaShared, then the TREE counters of levels LOG .. log2(W)), or None
+    where it does not apply: rows shorter than a stage's subtree (W < SUBS) go to gemm_q."""
     sub = sub_block(dtype)
     subs, log = 256 // sub, (3 if sub == 32 else 4)
     width = next_pow2(k // sub)
@@ -220,9 +224,9 @@ def gemm_mma_shared(dtype: DType, gated: bool, k: int) -> int | None:
     nmat = 2 if gated else 1
     raw = (dtype.nbytes(256) + 30) // 16 * 16  # a stage of a row, copied from an aligned start
     weights = nmat * MMA_TILE * (raw + MMA_WSTRIDE * 4 + (subs + 2) * 8)  # raw, wq, wam
-    activations = MMA_TILE * (MMA_WSTRIDE * 4 + MMA_BLOCK_PAIRS * 8)  # xq, xds
+    activations = tokens * (MMA_WSTRIDE * 4 + MMA_BLOCK_PAIRS * 8)  # xq, xds
     levels = width.bit_length() - 1 - log + 1  # LOG .. log2(W)
-    return weights + activations + levels * nmat * 4 * MMA_THREADS * 4  # 4 outputs a thread
+    return weights + activations + levels * nmat * 4 * (8 * tokens) * 4  # 4 outputs a thread
 
 
 def tree_levels(width: int) -> int:
@@ -820,11 +824,16 @@ class Lowering:
                          [pointer(out), xq, *common])  # fmt: skip
             return False
         gated = bool(epi & (EPI_SWIGLU | EPI_GEGLU))
-        shared = gemm_mma_shared(w.dtype, gated, k)
+        tokens = MMA_TOKENS
+        shared = gemm_mma_shared(w.dtype, gated, k, tokens)
         if shared is not None:  # the tensor-core GEMM
-            mma = f"{w.dtype.value}, {epi}" + ("" if MMA_MIN_BLOCKS == 2 else f", {MMA_MIN_BLOCKS}")
+            mma = f"{w.dtype.value}, {epi}"
+            if tokens != 32:  # (16 warps: one block a multiprocessor, its registers' bound)
+                mma += f", 1, {tokens}"
+            elif MMA_MIN_BLOCKS != 2:
+                mma += f", {MMA_MIN_BLOCKS}"
             self._launch("matmul.cu", f"gemm_mma<{mma}>",
-                         (-(-n // MMA_TILE), -(-t // MMA_TILE), 1), (MMA_THREADS, 1, 1),
+                         (-(-n // MMA_TILE), -(-t // tokens), 1), (8 * tokens, 1, 1),
                          [pointer(out), xq, *common], shared)  # fmt: skip
             return False
         sub = sub_block(w.dtype)

@@ -734,15 +734,17 @@ gemm_q(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float
 // a stage ahead, then unpacked to int8 words (load_sub) in the order the fragments read them:
 // lane c of a quad reads the words it needs for JG sub-blocks with one 16-byte load.
 //
-// A block of 8 warps, 2 x 4 warps of 16 rows x 8 tokens each: 32 rows x 32 tokens (gated: of
-// both matrices).
-#define MMA_THREADS 256
+// A block of BT / 4 warps, 2 x BT / 8 warps of 16 rows x 8 tokens each: 32 rows x BT tokens
+// (gated: of both matrices). BT = 32 (8 warps) or 64 (16 warps: a stage's weights unpacked
+// once for twice the tokens).
 #define MMA_WSTRIDE 80  // words per row of unpacked quants: 64, and 16 so that rows g and g+1
                         // of a 16-byte load's eight lanes fall in different banks
 
-template <int QT, int EPI>
+template <int QT, int EPI, int BT_ = 32>
 struct MmaGeom {
+    static_assert(BT_ == 32 || BT_ == 64, "tiles of 32 or 64 tokens");
     enum {
+        THREADS = 8 * BT_,
         L = Layout<QT>::L,
         SUBS = 256 / L,           // sub-blocks a stage
         LOG = SUBS == 8 ? 3 : 4,  // their subtree's level
@@ -750,12 +752,12 @@ struct MmaGeom {
         JG = L == 32 ? 2 : 4,     // sub-blocks whose fragment words a lane loads at once
         NMAT = (EPI & EPI_GATED) ? 2 : 1,
         BN = 32,
-        BT = 32,
+        BT = BT_,
         SBYTES = 256 / Layout<QT>::BE * Layout<QT>::BB,  // a stage of one row
         RAW = (SBYTES + 15 + 15) / 16 * 16,              // its copy from an aligned start
         RV = RAW / 16,
-        RAW_PER = (NMAT * BN * RV + MMA_THREADS - 1) / MMA_THREADS,  // 16-byte loads a thread
-        X_PER = BT * 16 / MMA_THREADS,
+        RAW_PER = (NMAT * BN * RV + THREADS - 1) / THREADS,  // 16-byte loads a thread
+        X_PER = BT * 16 / THREADS,
         AM = SUBS + 2,  // (a, m) pairs per row: 16-byte aligned rows, spread over the banks
         DS = 8 + 2,     // (d, s) pairs per token
     };
@@ -766,9 +768,9 @@ struct MmaGeom {
     }
 };
 
-template <int QT, int EPI>
+template <int QT, int EPI, int BT>
 struct MmaShared {
-    typedef MmaGeom<QT, EPI> G;
+    typedef MmaGeom<QT, EPI, BT> G;
     int4 raw[G::NMAT][G::BN][G::RV];
     int wq[G::NMAT][G::BN][MMA_WSTRIDE];
     float2 wam[G::NMAT][G::BN][G::AM];  // (a, m) of each sub-block
@@ -813,7 +815,7 @@ __device__ __forceinline__ int word(const int4& v, int k) {
 
 // The TREE of each output above level LOG, as gemm_q's binary counter, in shared memory after
 // MmaShared (one push a stage: no registers held for it): level l of output o of thread tid at
-// [((l - LOG) * NOUT + o) * MMA_THREADS + tid], levels LOG .. log2(W). ``st`` points at level
+// [((l - LOG) * NOUT + o) * THREADS + tid], levels LOG .. log2(W). ``st`` points at level
 // 0 of one output (below the array: levels under LOG are never touched); ``stride``: a level's.
 __device__ __forceinline__ void tree_push_at(float* st, int stride, int count, float v, int level) {
     for (int l = level;; ++l) {
@@ -837,14 +839,16 @@ __device__ __forceinline__ float tree_finish_at(float* st, int stride, int count
     return st[(31 - __clz(width)) * stride];
 }
 
-template <int QT, int EPI, int MINB = 2>  // (MINB: blocks a multiprocessor, the lowering's)
-__global__ void __launch_bounds__(MMA_THREADS, MINB)
+// (MINB: blocks a multiprocessor, the lowering's; BT: tokens a block)
+template <int QT, int EPI, int MINB = 2, int BT = 32>
+__global__ void __launch_bounds__(8 * BT, MINB)
 gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
          int T, int N, int K, i64 row_bytes) {
     pdl_begin();
-    typedef MmaGeom<QT, EPI> G;
+    typedef MmaGeom<QT, EPI, BT> G;
+    constexpr int THREADS = G::THREADS;
     extern __shared__ int4 smem_raw[];
-    MmaShared<QT, EPI>& sh = *reinterpret_cast<MmaShared<QT, EPI>*>(smem_raw);
+    MmaShared<QT, EPI, BT>& sh = *reinterpret_cast<MmaShared<QT, EPI, BT>*>(smem_raw);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, c = lane & 3;
     const int n0 = blockIdx.x * G::BN, t0 = blockIdx.y * G::BT;
@@ -860,7 +864,7 @@ gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const flo
     auto fetch = [&](int i) {
 #pragma unroll
         for (int u = 0; u < G::RAW_PER; ++u) {
-            const int v = tid + u * MMA_THREADS;
+            const int v = tid + u * THREADS;
             const int mat = v / (G::BN * G::RV), r = (v / G::RV) % G::BN, k = v % G::RV;
             const int n = n0 + r;
             if (mat < G::NMAT && n < N) {
@@ -874,7 +878,7 @@ gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const flo
         }
 #pragma unroll
         for (int u = 0; u < G::X_PER; ++u) {
-            const int v = tid + u * MMA_THREADS, tt = v / 16, k = v % 16;
+            const int v = tid + u * THREADS, tt = v / 16, k = v % 16;
             const int t = t0 + tt;
             xv[u] = make_int4(0, 0, 0, 0);
             if (t < T && i * 256 + k * 16 < K)
@@ -887,23 +891,23 @@ gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const flo
         }
     };
 
-    constexpr int LEVEL = G::NMAT * 4 * MMA_THREADS;  // floats of one level of the counters
+    constexpr int LEVEL = G::NMAT * 4 * THREADS;  // floats of one level of the counters
     float* tree = reinterpret_cast<float*>(&sh + 1) - G::LOG * LEVEL + tid;
     if (tid == 0) {  // the launch must give the counters' shared memory (lowering.py sizes it)
-        const u32 need = sizeof(MmaShared<QT, EPI>) + (31 - __clz(W) - G::LOG + 1) * LEVEL * 4;
+        const u32 need = sizeof(MmaShared<QT, EPI, BT>) + (31 - __clz(W) - G::LOG + 1) * LEVEL * 4;
         if (dynamic_smem_bytes() < need) __trap();
     }
     fetch(0);
     for (int i = 0; i < stages; ++i) {
 #pragma unroll
         for (int u = 0; u < G::RAW_PER; ++u) {
-            const int v = tid + u * MMA_THREADS;
+            const int v = tid + u * THREADS;
             if (v < G::NMAT * G::BN * G::RV) (&sh.raw[0][0][0])[v] = raw[u];
         }
         __syncthreads();
 #pragma unroll
         for (int u = 0; u < G::X_PER; ++u) {  // words 4k .. 4k+3 of the token's stage
-            const int v = tid + u * MMA_THREADS, tt = v / 16, k = v % 16;
+            const int v = tid + u * THREADS, tt = v / 16, k = v % 16;
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int wd = 4 * k + e;
@@ -915,7 +919,7 @@ gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const flo
         // as well as the products
         if (i + 1 < stages) fetch(i + 1);
         // unpack: one (matrix, row, sub-block) at a time
-        for (int v = tid; v < G::NMAT * G::BN * G::SUBS; v += MMA_THREADS) {
+        for (int v = tid; v < G::NMAT * G::BN * G::SUBS; v += THREADS) {
             const int mat = v / (G::BN * G::SUBS), r = (v / G::SUBS) % G::BN, j = v % G::SUBS;
             const int n = n0 + r, s = i * G::SUBS + j;
             int q[8];
@@ -1003,14 +1007,14 @@ gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const flo
         for (int mat = 0; mat < G::NMAT; ++mat)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                tree_push_at(tree + (mat * 4 + e) * MMA_THREADS, LEVEL, i * G::SUBS,
+                tree_push_at(tree + (mat * 4 + e) * THREADS, LEVEL, i * G::SUBS,
                              part[mat][e][G::LOG], G::LOG);
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         const int n = n0 + wr + g + 8 * (e >> 1), t = t0 + wt + 2 * c + (e & 1);
-        const float v = tree_finish_at(tree + e * MMA_THREADS, LEVEL, stages * G::SUBS, W);
-        const float v2 = G::NMAT == 2 ? tree_finish_at(tree + (4 + e) * MMA_THREADS, LEVEL,
+        const float v = tree_finish_at(tree + e * THREADS, LEVEL, stages * G::SUBS, W);
+        const float v2 = G::NMAT == 2 ? tree_finish_at(tree + (4 + e) * THREADS, LEVEL,
                                                         stages * G::SUBS, W)
                                       : 0.0f;
         if (t < T && n < N) y[(i64)t * N + n] = epilogue<EPI>(v, v2, bias, res, t, n, N);
