@@ -34,7 +34,7 @@
 #                                        (bench_gpu_steps.py --profile), then (PDL_OFF=0: not)
 #                                        as shipped and with every switch, the decode kernels'
 #                                        own times with PARITY_PDL=0. About 17 s a model and
-#                                        variant a round: the default 8 variants take a call a
+#                                        variant a round: the default 7 variants take a call a
 #                                        model (MODELS=...). DEEP=1: the deep variants instead
 #                                        (flash decoding's switches) at POSITION (4000) in a
 #                                        cache of CTX (4352; 16640 for POSITION=16000)
@@ -92,16 +92,19 @@ fi
 together="HEADS_TOGETHER_CHUNKS[64]=3 HEADS_TOGETHER_CHUNKS[128]=3 HEADS_TOGETHER_CHUNKS[256]=8"
 # (eighth session: prefill attention's scores kept for its second pass, TILE_SCORES_BYTES: on
 # since its A/B; TILE_SCORES_BYTES=0 times the kernel without)
-switches=${SWITCHES:-"WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 $together"}
+# (and gemm_mma's blocks of 64 tokens, MMA_TOKENS)
+switches=${SWITCHES:-"MMA_TOKENS=64 WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 $together"}
 all=${switches// /,}
 if [ "${DEEP:-0}" = 1 ]; then  # flash decoding's switches, deep in the cache
   fold=FOLD_BATCH=8; caps=CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2
   all3="HEADS_TOGETHER_CHUNKS[64]=3,HEADS_TOGETHER_CHUNKS[256]=1"  # every deep token
   from16="HEADS_TOGETHER_CHUNKS[64]=16,HEADS_TOGETHER_CHUNKS[256]=16"  # from depth 4,096
-  variants=${VARIANTS:-"- $fold $fold,$caps $fold,$all3 $fold,$from16 $fold,$caps,$all3"}
+  # (eighth session, H100: FOLD_BATCH=8 slower at 4,000 and 16,000; the heads together with
+  # it 0.15 ms faster than it alone at 16,000, alone not yet timed)
+  variants=${VARIANTS:-"- $all3 $from16 $caps $caps,$all3 $fold,$all3"}
   POSITION=${POSITION:-4000}
 else
-  variants=${VARIANTS:-"- WIDE_FIT_ROW=1,WIDE_BLOCKS_PER_SM=7 WIDE_FIT_ROW=1,WIDE_AHEAD=6,WIDE_BLOCKS_PER_SM=4 FOLD_BATCH=8 FOLD_BATCH=8,CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 NORM_DECODE_THREADS=256 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1"}
+  variants=${VARIANTS:-"- MMA_TOKENS=64 MMA_MIN_BLOCKS=3 WIDE_FIT_ROW=1,WIDE_BLOCKS_PER_SM=7 WIDE_FIT_ROW=1,WIDE_AHEAD=6,WIDE_BLOCKS_PER_SM=4 NORM_DECODE_THREADS=256 ARGMAX_IN_HEAD=1"}
 fi
 if [ "$stage" = candidates ]; then
   (bash .peer/llamacpp-cuda.sh build > /tmp/lcpp_build.txt 2>&1; echo "build rc $?" >> /tmp/lcpp_build.txt) &
