@@ -13,8 +13,10 @@
 #   bash benchmarks/gpu_bench.sh verify  every bit-exactness check at once, as parallel processes
 #                                        on the one GPU (cuda and triton conformance, triton's
 #                                        fast tier with the float16 products too, the kernel
-#                                        and gpu-marked tests, the deep variants' attention):
-#                                        a third of `check`'s device time, no timings
+#                                        and gpu-marked tests, the switches' kernels: the deep
+#                                        variants' attention, gemm_mma of 64 tokens), exit 1
+#                                        where one failed; a third of `check`'s device time,
+#                                        no timings
 #   bash benchmarks/gpu_bench.sh compare both twins against cpu (benchmarks/gpu_compare.py:
 #                                        prompts 1, 7, 300, 600 x 64 steps, 256 greedy tokens)
 #   bash benchmarks/gpu_bench.sh bench   parity beside llama.cpp on the twins: decode at depth 0
@@ -199,8 +201,10 @@ if [ "$stage" = ncu ]; then  # counters of the first launches of each kernel nam
     echo "== ncu $m $k"
     timeout "${NCU_S:-150}" ncu --clock-control none -k "regex:$k" -c "${NCU_COUNT:-4}" \
       $(printf -- "--section %s " $sections) python3 -m parity bench --model /tmp/$m.gguf \
-      --backend cuda -p 512 -g 8 2>&1 | grep -v "^parity\|^  warnings" | tail -n +1
-  done 2>&1 | tee "$out/ncu.txt" | grep -E "^== |Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Stall|==PROF==|ERR" | head -80
+      --backend cuda -p 512 -g 8 2>&1
+  done > "$out/ncu.txt" 2>&1
+  grep -E "^== |^  [a-z].*\(|Duration|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|==ERR" \
+    "$out/ncu.txt" | head -120
   exit 0
 fi
 if [ "$stage" = table ]; then
@@ -237,20 +241,28 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
   run ops_tests python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_backend_ops.py \
     --backend cuda &
   run gpu_tests python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_cuda_backend.py &
-  { python3 -m parity conformance triton  # exact, and fast with the integer dots
-    PARITY_TRITON_HALF_GEMM=1 python3 -m parity conformance triton --numerics fast
+  run conformance_mma64 python3 benchmarks/with_lowering.py MMA_TOKENS=64 -- -m parity \
+    conformance cuda -k matmul -k fusion &  # (gemm_mma's blocks of 64 tokens)
+  { timeout "${VERIFY_S:-500}" python3 -m parity conformance triton; echo "rc $?"  # exact, fast
+    PARITY_TRITON_HALF_GEMM=1 timeout "${VERIFY_S:-500}" python3 -m parity conformance triton \
+      --numerics fast; echo "rc $?"
   } > "$out/conformance_triton.txt" 2>&1 &
   fold=FOLD_BATCH=8; caps=CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2
   for variant in TILE_SCORES_BYTES=0 $fold,$caps "HEADS_TOGETHER_CHUNKS[64]=3,HEADS_TOGETHER_CHUNKS[128]=3,HEADS_TOGETHER_CHUNKS[256]=1" \
       "$fold,$caps,HEADS_TOGETHER_CHUNKS[64]=16,HEADS_TOGETHER_CHUNKS[256]=16"; do
     echo "== parity conformance cuda -k attention with $variant"
-    python3 benchmarks/with_lowering.py ${variant//,/ } -- -m parity conformance cuda -k attention 2>&1 | tail -2
+    timeout "${VERIFY_S:-500}" python3 benchmarks/with_lowering.py ${variant//,/ } -- -m parity \
+      conformance cuda -k attention > /tmp/conformance_variant.txt 2>&1
+    echo "rc $?"; tail -2 /tmp/conformance_variant.txt
   done > "$out/conformance_deep.txt" 2>&1 &
   wait
-  for f in conformance_cuda ops_tests gpu_tests conformance_triton conformance_deep; do
+  files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_triton conformance_deep)
+  for f in "${files[@]}"; do
     echo "== $f"; grep -E "passed|failed|bit-exact|error|Error|rc [0-9]|==" "$out/$f.txt" | tail -8
   done
-  exit 0
+  paths=("${files[@]/#/$out/}"); paths=("${paths[@]/%/.txt}")  # (a check that failed: exit 1)
+  ! grep -qE "^rc [1-9]| [1-9][0-9]* FAIL" "${paths[@]}"
+  exit
 fi
 if [ "$stage" = compare ]; then
   for m in $models; do

@@ -163,11 +163,29 @@ def test_prefill_attention_with_kept_scores_is_bit_exact_in_the_emulator(case, c
     every score made twice (the kernel without the scratch)."""
     from parity.backends.cuda import lowering
 
-    if chunks is not None:
-        monkeypatch.setattr(lowering, "tile_scores_chunks", lambda rows, seen: chunks)
+    sizes, kept = [], []  # (rows, chunks a row) as the lowering sized them; the scratch made
+    sized, shared = lowering.tile_scores_chunks, lowering.Lowering._shared_scratch
+
+    def chunks_of(rows, span):
+        sizes.append((rows, sized(rows, span) if chunks is None else chunks))
+        return sizes[-1][1]
+
+    def recorded(self, name, dtype, n):
+        buffer = shared(self, name, dtype, n)
+        if name == "tile_scores":
+            kept.append(buffer)
+        return buffer
+
+    monkeypatch.setattr(lowering, "tile_scores_chunks", chunks_of)
+    monkeypatch.setattr(lowering.Lowering, "_shared_scratch", recorded)
     launched = [name for name, _ in _judge_with(case, monkeypatch, TILE_SCORES_BYTES=1 << 30)]
     tiles = [n for n in launched if n.startswith("attention_tiles<")]
     assert tiles and all(n.endswith(", true>") == (chunks != 0) for n in tiles), launched
+    if chunks is None and "window" not in case:  # every block kept its tokens' chunk 0: each
+        (rows, per), buffer = sizes[0], kept[0]  # row of each block has scores in its slots
+        assert buffer.numel() >= rows * per * 256
+        slots = buffer[: rows * per * 256].reshape(rows, per * 256)[:, :256]
+        assert bool((slots != 0).any(dim=1).all()), "some block's scores were not kept"
 
 
 @pytest.mark.parametrize("case", ["matmul-Q5_0-40x896-t33", "matmul_swiglu-Q4_K-40x512-t35"])

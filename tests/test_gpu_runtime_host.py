@@ -165,7 +165,7 @@ KERNELS = [
     ("attention.cu", "attention_rows_gqa<64, 7>"),
     ("attention.cu", "attention_rows_gqa<256, 4>"),
     *(("attention.cu", f"attention_tiles<{d}>") for d in (64, 128, 256)),
-    *(("attention.cu", f"attention_tiles<{d}, true>") for d in (64, 256)),  # TILE_SCORES_BYTES
+    *(("attention.cu", f"attention_tiles<{d}, true>") for d in (64, 128, 256)),  # kept scores
 ]
 
 

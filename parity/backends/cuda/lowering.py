@@ -62,7 +62,8 @@ MMA_TOKENS = 32
 # ... and the blocks a multiprocessor should hold (its __launch_bounds__' minimum): 2, 128
 # registers; 3 caps them at 80 (12-56 bytes spilled) for 24 warps a multiprocessor instead of
 # 16 (Qwen's gate/up GEMM: 3.9 of a 12 ms 512-token prefill, far from the tensor cores' speed,
-# latency-bound). Until a GPU times 3: 2
+# latency-bound). Until a GPU times 3: 2. (MMA_TOKENS=64 takes one block a multiprocessor
+# whatever this says)
 MMA_MIN_BLOCKS = 2
 MMA_WSTRIDE = 80  # words of a row of its unpacked quants
 MMA_BLOCK_PAIRS = 10  # (d, s) pairs a token's row of activation blocks takes (MmaGeom::DS)
@@ -206,10 +207,10 @@ def tile_rows(d: int) -> int:
     return TILE_ROWS if d == 64 else TILE_ROWS // 2
 
 
-def tile_scores_chunks(rows: int, seen: int) -> int:
+def tile_scores_chunks(rows: int, span: int) -> int:
     """The chunks of scores each of attention_tiles' ``rows`` query rows (all its blocks') may
-    keep in TILE_SCORES_BYTES (at most the ``seen`` a token can see); 0: none."""
-    return min(seen, TILE_SCORES_BYTES // (rows * 256 * 4))
+    keep in TILE_SCORES_BYTES (at most the ``span`` a block's tokens can see); 0: none."""
+    return min(span, TILE_SCORES_BYTES // (rows * 256 * 4))
 
 
 def gemm_mma_shared(dtype: DType, gated: bool, k: int, tokens: int = 32) -> int | None:
@@ -702,7 +703,9 @@ class Lowering:
             a.tile_tokens = tile = tile_tokens(t, heads, arg.n_head_kv, d)
             grid = (arg.n_head_kv, -(-t // tile), 1)
             rows = grid[0] * grid[1] * heads * tile  # (every block's)
-            a.chunks_one_launch = kept = tile_scores_chunks(rows, seen)
+            # a block's tokens in a window may span one chunk more than one token sees
+            span = min(chunks, seen + 1) if arg.window else seen
+            a.chunks_one_launch = kept = tile_scores_chunks(rows, span)
             if kept:
                 scores = self._shared_scratch("tile_scores", DType.F32, rows * kept * 256)
                 a.scores = scores.data_ptr()
