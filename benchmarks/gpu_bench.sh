@@ -134,7 +134,8 @@ if [ "$stage" = candidates ]; then
   exit 0
 fi
 if [ "$stage" = ab ]; then  # (about 17 s a model and variant a round: MODELS=one a call)
-  if [ "${DEEP:-0}" = 1 ] && [ "${CONFORM:-1}" = 1 ]; then  # the deep variants' kernels bit-exact first (CONFORM=0: `verify` did)
+  # the deep variants' kernels bit-exact first (CONFORM=0: `verify` did)
+  if [ "${DEEP:-0}" = 1 ] && [ "${CONFORM:-1}" = 1 ]; then
     for variant in $variants; do
       [ "$variant" = - ] && continue
       echo "== parity conformance cuda -k attention with $variant"
@@ -236,7 +237,10 @@ if [ "$stage" = check ]; then
   exit 0
 fi
 if [ "$stage" = verify ]; then  # correctness only, so the processes may share the GPU
-  run() { local name=$1; shift; { timeout "${VERIFY_S:-500}" "$@"; echo "rc $?"; } > "$out/$name.txt" 2>&1; }
+  run() {  # NAME COMMAND...: its output and exit status in $out/NAME.txt
+    local name=$1; shift
+    { timeout "${VERIFY_S:-500}" "$@"; echo "rc $?"; } > "$out/$name.txt" 2>&1
+  }
   run conformance_cuda python3 -m parity conformance cuda &
   run ops_tests python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_backend_ops.py \
     --backend cuda &
@@ -248,8 +252,9 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
       --numerics fast; echo "rc $?"
   } > "$out/conformance_triton.txt" 2>&1 &
   fold=FOLD_BATCH=8; caps=CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2
-  for variant in TILE_SCORES_BYTES=0 $fold,$caps "HEADS_TOGETHER_CHUNKS[64]=3,HEADS_TOGETHER_CHUNKS[128]=3,HEADS_TOGETHER_CHUNKS[256]=1" \
-      "$fold,$caps,HEADS_TOGETHER_CHUNKS[64]=16,HEADS_TOGETHER_CHUNKS[256]=16"; do
+  all3="HEADS_TOGETHER_CHUNKS[64]=3,HEADS_TOGETHER_CHUNKS[128]=3,HEADS_TOGETHER_CHUNKS[256]=1"
+  from16="HEADS_TOGETHER_CHUNKS[64]=16,HEADS_TOGETHER_CHUNKS[256]=16"
+  for variant in TILE_SCORES_BYTES=0 $fold,$caps "$all3" "$fold,$caps,$from16"; do
     echo "== parity conformance cuda -k attention with $variant"
     timeout "${VERIFY_S:-500}" python3 benchmarks/with_lowering.py ${variant//,/ } -- -m parity \
       conformance cuda -k attention > /tmp/conformance_variant.txt 2>&1

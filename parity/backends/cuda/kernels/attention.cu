@@ -765,10 +765,10 @@ __global__ void __launch_bounds__(CHUNK) attention_rows_gqa(AttnArgs a) {
 // dimension i 64 rows at a time, each batch's values in registers, and makes the rows' TREEs
 // over them, added the same way. Every score, weight, TREE and fold is the one attention_rows
 // makes, and so are the bits. The scores are made twice (the max pass, then the sums), as in
-// attention_rows. With KEEP and ``scores`` (lowering.py's TILE_SCORES_BYTES), a block whose
-// chunks fit its share of it keeps pass 1's scores there (global memory, mostly L2 at these
-// sizes) and pass 2 reads them back instead of making them again: the same floats. Dynamic shared memory: lowering.py's tiles_shared(R, D) bytes (at most about
-// 81 KiB). Heads of 64 and 256 fit 128 registers, two blocks an SM (8 and 48 bytes spilled;
+// attention_rows, unless KEEP and ``scores`` (lowering.py's TILE_SCORES_BYTES): a block whose
+// chunks fit its share of that scratch keeps pass 1's scores there (global memory, mostly L2
+// at these sizes) and pass 2 reads them back, the same floats. Dynamic shared memory:
+// lowering.py's tiles_shared(R, D) bytes (at most about 81 KiB). Heads of 64 and 256 fit 128 registers, two blocks an SM (8 and 48 bytes spilled;
 // with KEEP 40 and 52); heads of 128 take 250 (ptxas, sm_90), one block an SM.
 #define TILE_TOKENS 32  // TQ at most
 

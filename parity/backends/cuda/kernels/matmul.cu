@@ -740,7 +740,7 @@ gemm_q(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float
 #define MMA_WSTRIDE 80  // words per row of unpacked quants: 64, and 16 so that rows g and g+1
                         // of a 16-byte load's eight lanes fall in different banks
 
-template <int QT, int EPI, int BT_ = 32>
+template <int QT, int EPI, int BT_>
 struct MmaGeom {
     static_assert(BT_ == 32 || BT_ == 64, "tiles of 32 or 64 tokens");
     enum {
