@@ -95,7 +95,9 @@ together="HEADS_TOGETHER_CHUNKS[64]=3 HEADS_TOGETHER_CHUNKS[128]=3 HEADS_TOGETHE
 # (eighth session: prefill attention's scores kept for its second pass, TILE_SCORES_BYTES: on
 # since its A/B; TILE_SCORES_BYTES=0 times the kernel without)
 # (and gemm_mma's blocks of 64 tokens, MMA_TOKENS)
-switches=${SWITCHES:-"MMA_TOKENS=64 WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 $together"}
+# (ninth session: a prefill's norms a row a warp, NORM_WARP_WIDTH_MAX; gate/up quantizing its
+# output for down, MMA_QUANTIZE)
+switches=${SWITCHES:-"MMA_TOKENS=64 NORM_WARP_WIDTH_MAX=2048 MMA_QUANTIZE=1 WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 $together"}
 all=${switches// /,}
 if [ "${DEEP:-0}" = 1 ]; then  # flash decoding's switches, deep in the cache
   fold=FOLD_BATCH=8; caps=CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2
@@ -106,7 +108,8 @@ if [ "${DEEP:-0}" = 1 ]; then  # flash decoding's switches, deep in the cache
   variants=${VARIANTS:-"- $all3 $from16 $caps $caps,$all3 $fold,$all3"}
   POSITION=${POSITION:-4000}
 else
-  variants=${VARIANTS:-"- MMA_TOKENS=64 MMA_MIN_BLOCKS=3 WIDE_FIT_ROW=1,WIDE_BLOCKS_PER_SM=7 WIDE_FIT_ROW=1,WIDE_AHEAD=6,WIDE_BLOCKS_PER_SM=4 NORM_DECODE_THREADS=256 ARGMAX_IN_HEAD=1"}
+  prefill=MMA_TOKENS=64,NORM_WARP_WIDTH_MAX=2048,MMA_QUANTIZE=1
+  variants=${VARIANTS:-"- MMA_TOKENS=64 NORM_WARP_WIDTH_MAX=2048 MMA_QUANTIZE=1 $prefill MMA_MIN_BLOCKS=3 WIDE_FIT_ROW=1,WIDE_BLOCKS_PER_SM=7 ARGMAX_IN_HEAD=1"}
 fi
 if [ "$stage" = candidates ]; then
   (bash .peer/llamacpp-cuda.sh build > /tmp/lcpp_build.txt 2>&1; echo "build rc $?" >> /tmp/lcpp_build.txt) &
@@ -245,8 +248,10 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
   run ops_tests python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_backend_ops.py \
     --backend cuda &
   run gpu_tests python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_cuda_backend.py &
-  run conformance_mma64 python3 benchmarks/with_lowering.py MMA_TOKENS=64 -- -m parity \
-    conformance cuda -k matmul -k fusion &  # (gemm_mma's blocks of 64 tokens)
+  run conformance_mma64 python3 benchmarks/with_lowering.py MMA_TOKENS=64 MMA_QUANTIZE=1 -- \
+    -m parity conformance cuda -k matmul -k fusion &  # (gemm_mma's blocks of 64 tokens)
+  run conformance_prefill python3 benchmarks/with_lowering.py MMA_QUANTIZE=1 \
+    NORM_WARP_WIDTH_MAX=2048 -- -m parity conformance cuda -k fusion -k norm &  # (ninth session)
   { timeout "${VERIFY_S:-500}" python3 -m parity conformance triton; echo "rc $?"  # exact, fast
     PARITY_TRITON_HALF_GEMM=1 timeout "${VERIFY_S:-500}" python3 -m parity conformance triton \
       --numerics fast; echo "rc $?"
@@ -261,7 +266,8 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
     echo "rc $?"; tail -2 /tmp/conformance_variant.txt
   done > "$out/conformance_deep.txt" 2>&1 &
   wait
-  files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_triton conformance_deep)
+  files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
+         conformance_triton conformance_deep)
   for f in "${files[@]}"; do
     echo "== $f"; grep -E "passed|failed|bit-exact|error|Error|rc [0-9]|==" "$out/$f.txt" | tail -8
   done

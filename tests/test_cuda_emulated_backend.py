@@ -208,6 +208,19 @@ def test_gemm_of_64_tokens_a_block_is_bit_exact_in_the_emulator(case, monkeypatc
     assert blocks == {512} and all(n.endswith(", 1, 64>") for n in names), launched
 
 
+@pytest.mark.parametrize("case", ["fusion-ffn-Q5_0-256x512-t40", "fusion-ffn-Q4_K-256x512-t40"])
+@pytest.mark.parametrize("tokens", [32, 64])
+def test_gemm_quantizing_its_output_is_bit_exact_in_the_emulator(case, tokens, monkeypatch):
+    """MMA_QUANTIZE: a prefill's gate/up product quantizes SWIGLU's output for down in its
+    epilogue (tiles of 32 and 64 tokens, a partial tile of 8), and no quantize_q8 launch is
+    left; every node, the Q8A value too, bit for bit."""
+    launched = [name for name, _ in _judge_with(case, monkeypatch, MMA_QUANTIZE=True,
+                                                MMA_TOKENS=tokens)]  # fmt: skip
+    assert "quantize_q8" not in launched and any(n.startswith("gemm_mma<") for n in launched)
+    plain = [name for name, _ in _judge_with(case, monkeypatch, MMA_QUANTIZE=False)]
+    assert "quantize_q8" in plain, plain
+
+
 NORMS = [c for c in CASES if c.startswith("rms_norm") or "-norm-" in c or "-norms-" in c]
 
 
@@ -220,6 +233,18 @@ def test_decode_norms_of_fewer_threads_are_bit_exact_in_the_emulator(case, threa
     launched = _judge_with(case, monkeypatch, NORM_DECODE_THREADS=threads)
     blocks = [block for name, block in launched if name == "rms_norm_f32"]
     assert threads in blocks, blocks
+
+
+PREFILL_NORMS = [c for c in NORMS if c.endswith(("-t12", "-t20", "-t40", "-t70"))]
+
+
+@pytest.mark.parametrize("case", PREFILL_NORMS)
+def test_prefill_norms_a_row_a_warp_are_bit_exact_in_the_emulator(case, monkeypatch):
+    """NORM_WARP_WIDTH_MAX: a prefill's norms a row a warp (runs of 4 to 64 slots a lane in
+    registers; q's and k's head norms as the launch's two jobs; the chained norms' sums), the
+    same tree, the same bits; and the decode path's blocks where the rows are few."""
+    launched = [name for name, _ in _judge_with(case, monkeypatch, NORM_WARP_WIDTH_MAX=2048)]
+    assert any(n.startswith("rms_norm_warps<") for n in launched), launched
 
 
 WIDE = {"head_dim": 256, "n_head": 4, "n_head_kv": 1}  # Gemma 3 270M's heads

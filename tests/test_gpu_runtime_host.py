@@ -148,6 +148,7 @@ KERNELS = [
     ("matmul.cu", "gemv_q_wide<8, 0, 6, 2>"),  # (... WIDE_FIT_ROW, FOLD_BATCH, MIN_BLOCKS)
     ("matmul.cu", "gemv_q_wide<8, 0, 3, 3, 1>"),  # (... ARGMAX_IN_HEAD)
     ("rows.cu", "advance_i32"),
+    *(("rows.cu", f"rms_norm_warps<{r}>") for r in (1, 2, 4, 8, 16, 32, 64)),  # (NORM_WARP_...)
     ("rows.cu", "gelu_f32"),
     ("rows.cu", "glu_f32<1>"),
     ("rows.cu", "glu_f32<0>"),

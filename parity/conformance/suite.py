@@ -252,9 +252,9 @@ def _matmul_q8(dtype: DType, n: int, k: int, t: int):
     return make
 
 
-def _rms_norm_mul(width: int, eps: float):
+def _rms_norm_mul(width: int, eps: float, rows: int = 5):
     def make(g: _Builder) -> Ref:
-        x = g.input("x", activations(g.rng, (5, width)))
+        x = g.input("x", activations(g.rng, (rows, width)))
         return g.op(Op.RMS_NORM_MUL, x, g.weight("w", F32, (width,)), arg=eps)
 
     return make
@@ -635,6 +635,12 @@ def fused_suite() -> list[CaseSpec]:
     for spec in (smollm, qwen):
         width = spec.n_embd
         add(f"rms_norm_mul-{width}", Op.RMS_NORM_MUL, F32, _rms_norm_mul(width, spec.rms_eps))
+    # a prefill's rows (a GPU backend may norm them a row a warp): the three models' widths, a
+    # head's, and rows of 90 (runs of 4 slots, the last lane's half padding, rows not 16-byte
+    # aligned)
+    for width, rows in ((576, 40), (896, 40), (640, 40), (256, 70), (90, 12)):
+        add(f"rms_norm_mul-{width}-t{rows}", Op.RMS_NORM_MUL, F32,
+            _rms_norm_mul(width, smollm.rms_eps, rows))  # fmt: skip
     for dtype in WEIGHT_TYPES:
         for t in (1, 5):
             name = f"{dtype.name}-48x512-t{t}"
@@ -734,20 +740,29 @@ def fused_suite() -> list[CaseSpec]:
     # thread), not a power of two, before the products of a decode step
     wide = _unfused_ffn(DType.Q4_K, 1536, 256, 1, qwen.rms_eps)
     add("fusion-ffn-Q4_K-1536x256-t1", Op.ADD, DType.Q4_K, wide, rewrite=True)
+    # a prefill's FFN (a GPU backend's GEMM may quantize SWIGLU's output for down in its
+    # epilogue; 40 tokens: a whole tile of 32 and 8 more)
+    for dtype in (DType.Q5_0, DType.Q4_K):
+        add(f"fusion-ffn-{dtype.name}-256x512-t40", Op.ADD, dtype,
+            _unfused_ffn(dtype, 256, 512, 40, qwen.rms_eps), rewrite=True)  # fmt: skip
     # a product, its residual and the next block's norm (a GPU backend may norm in the
     # product's last block), and Gemma 3's chain of norm, ADD and norm, 1,152 wide (Gemma 3
     # 1B's width: runs of 16 squares in a block of 128 threads)
+    # (and prefills of 40 tokens: a GPU backend may norm their rows a warp each, 1,152 wide:
+    # runs of 64 slots a lane)
     for dtype, e, k, t, chained in ((DType.Q4_1, 576, 1536, 1, False),
                                     (DType.Q5_0, 896, 896, 7, False),
+                                    (DType.Q4_1, 576, 256, 40, False),
                                     (DType.Q8_0, 1152, 640, 1, True),
-                                    (DType.Q8_0, 1152, 640, 3, True)):  # fmt: skip
+                                    (DType.Q8_0, 1152, 640, 3, True),
+                                    (DType.Q8_0, 1152, 256, 40, True)):  # fmt: skip
         kind = "chained-norm" if chained else "residual-norm"
         add(f"fusion-{kind}-{dtype.name}-{e}x{k}-t{t}", Op.ADD, dtype,
             _unfused_product_norm(dtype, e, k, t, smollm.rms_eps, chained),
             rewrite=True)  # fmt: skip
     # Gemma 3's attention block: heads of 256 normed before their ROPEs (a GPU backend may
     # norm and rotate them in the q/k/v launch)
-    for t in (1, 3):
+    for t in (1, 3, 20):  # (20: a prefill's head norms, q's and k's in one launch)
         add(f"fusion-attention-block-Q8_0-640-neox-head-norms-p40-t{t}", Op.ATTENTION,
             DType.Q8_0, _unfused_attention_block(DType.Q8_0, 640, (4, 1, 256), "neox", False,
                                                  40, t, 256, smollm.rms_eps, head_norms=True),

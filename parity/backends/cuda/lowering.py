@@ -65,6 +65,10 @@ MMA_TOKENS = 32
 # latency-bound). Until a GPU times 3: 2. (MMA_TOKENS=64 takes one block a multiprocessor
 # whatever this says)
 MMA_MIN_BLOCKS = 2
+# a prefill product read by a QUANTIZE (SWIGLU's, before down) quantizes its output in its
+# epilogue, a Q8 block of each of its tokens a block (matmul.cu's gemm_mma), where a
+# quantize_q8 launch read it back; off until a GPU times it
+MMA_QUANTIZE = False
 MMA_WSTRIDE = 80  # words of a row of its unpacked quants
 MMA_BLOCK_PAIRS = 10  # (d, s) pairs a token's row of activation blocks takes (MmaGeom::DS)
 ATTENTION_DIMS = (64, 128, 256)
@@ -75,6 +79,14 @@ NORM_THREADS = 1024  # norm.cuh's
 # step): any power of two from 32 to NORM_THREADS, each thread then taking a longer run of
 # the squares' TREE (the same tree). Until a GPU times fewer: NORM_THREADS
 NORM_DECODE_THREADS = NORM_THREADS
+# a prefill's norms (more rows than GEMV_TOKENS' last) a row a warp (rows.cu's rms_norm_warps:
+# runs of next_pow2(width) / 32 slots a lane in registers, the same tree) for rows up to this
+# wide (at most NORM_WARP_RUN_MAX * 32), where rms_norm_f32 gives a row 1,024 threads and
+# three barriers; 0: off, until a GPU times it
+NORM_WARP_WIDTH_MAX = 0
+NORM_WARP_RUN_MAX = 64  # slots a lane (norm.cuh's norm_job_warp holds its run in registers)
+NORM_WARP_ROWS = 2  # ... rows (warps) a block: 256 blocks for 512 rows (a lane's run of 32
+# takes 128 registers)
 # a decode product's output normed by its last block (matmul.cu's gemv_q_norm), not by a launch
 # of its own: bit-exact (emulator and H200), and slower: the decode step +43-52 % on the H200
 # (the last block's tail, about 17 us), so off (docs/perf.md)
@@ -442,9 +454,9 @@ class Lowering:
         self._launch_norm(jobs)
 
     def _launch_norm(self, jobs: list[tuple[int, int | None, int | None]]) -> None:
-        """One rms_norm_f32 launch of one or two norms (node, weight, QUANTIZE or None) of one
-        width (``_norm_job``). No job reads what another block of the launch writes:
-        ``written``."""
+        """One rms_norm_f32 (or rms_norm_warps) launch of one or two norms (node, weight,
+        QUANTIZE or None) of one width (``_norm_job``). No job reads what another block of the
+        launch writes: ``written``."""
         a = NormRowsArg()
         a.width = self.graph.nodes[jobs[0][0]].shape[1]
         written = {i for i, _, _ in jobs}
@@ -452,6 +464,11 @@ class Lowering:
         for slot, (i, w, qn) in zip("ab", jobs, strict=False):
             quantized |= self._norm_job(getattr(a, slot), i, w, qn, written)
         rows = a.a.rows + a.b.rows
+        if rows > GEMV_TOKENS[-1] and a.width <= min(NORM_WARP_WIDTH_MAX, 32 * NORM_WARP_RUN_MAX):
+            run = max(1, next_pow2(a.width) // 32)
+            self._launch("rows.cu", f"rms_norm_warps<{run}>", (-(-rows // NORM_WARP_ROWS), 1, 1),
+                         (32 * NORM_WARP_ROWS, 1, 1), [a])  # fmt: skip
+            return
         threads = NORM_DECODE_THREADS if rows <= GEMV_TOKENS[-1] else NORM_THREADS
         threads = max(threads, next_pow2(a.width) // 256)  # (norm.cuh: 256 squares a thread)
         self._launch("rows.cu", "rms_norm_f32", (rows, 1, 1), (threads, 1, 1), [a],
@@ -835,10 +852,12 @@ class Lowering:
                 mma += f", 1, {tokens}"
             elif MMA_MIN_BLOCKS != 2:
                 mma += f", {MMA_MIN_BLOCKS}"
+            fused = MMA_QUANTIZE and q8 is not None and n % 32 == 0
+            q8_out = self._q8_parts(q8 if fused else None)
             self._launch("matmul.cu", f"gemm_mma<{mma}>",
                          (-(-n // MMA_TILE), -(-t // tokens), 1), (8 * tokens, 1, 1),
-                         [pointer(out), xq, *common], shared)  # fmt: skip
-            return False
+                         [pointer(out), xq, *common, *map(pointer, q8_out)], shared)  # fmt: skip
+            return fused
         sub = sub_block(w.dtype)
         maxl = max(6, tree_levels(next_pow2(k // sub)))
         maxl = next(m for m in (6, 8, 10, 12) if m >= maxl)

@@ -843,11 +843,12 @@ __device__ __forceinline__ float tree_finish_at(float* st, int stride, int count
 template <int QT, int EPI, int MINB = 2, int BT = 32>
 __global__ void __launch_bounds__(8 * BT, MINB)
 gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
-         int T, int N, int K, i64 row_bytes) {
+         int T, int N, int K, i64 row_bytes, i8* oq, float* od, float* os) {
     pdl_begin();
     typedef MmaGeom<QT, EPI, BT> G;
     constexpr int THREADS = G::THREADS;
     extern __shared__ int4 smem_raw[];
+    static_assert(sizeof(MmaShared<QT, EPI, BT>) >= BT * 33 * 4, "the quantized epilogue's rows");
     MmaShared<QT, EPI, BT>& sh = *reinterpret_cast<MmaShared<QT, EPI, BT>*>(smem_raw);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, c = lane & 3;
@@ -1010,6 +1011,7 @@ gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const flo
                 tree_push_at(tree + (mat * 4 + e) * THREADS, LEVEL, i * G::SUBS,
                              part[mat][e][G::LOG], G::LOG);
     }
+    float out[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         const int n = n0 + wr + g + 8 * (e >> 1), t = t0 + wt + 2 * c + (e & 1);
@@ -1017,6 +1019,23 @@ gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const flo
         const float v2 = G::NMAT == 2 ? tree_finish_at(tree + (4 + e) * THREADS, LEVEL,
                                                         stages * G::SUBS, W)
                                       : 0.0f;
-        if (t < T && n < N) y[(i64)t * N + n] = epilogue<EPI>(v, v2, bias, res, t, n, N);
+        out[e] = epilogue<EPI>(v, v2, bias, res, t, n, N);
+        if (t < T && n < N) y[(i64)t * N + n] = out[e];
+    }
+    if (oq == nullptr) return;
+    // the output quantized too (the Q8A x of the next product, the lowering's, N a multiple of
+    // 32): the block's 32 rows are one Q8 block of each of its tokens, gathered in shared
+    // memory (the stages' copies: every warp is past its last reads of them at the barrier),
+    // a warp a token at a time (quantize_q8's quantize_block: the same bits)
+    __syncthreads();
+    float* vals = reinterpret_cast<float*>(smem_raw);  // [BT][33]
+#pragma unroll
+    for (int e = 0; e < 4; ++e) vals[(wt + 2 * c + (e & 1)) * 33 + wr + g + 8 * (e >> 1)] = out[e];
+    __syncthreads();
+    for (int tt = warp; tt < G::BT; tt += THREADS / 32) {
+        const i64 t = t0 + tt, blocks = N / 32;
+        if (t < T)
+            quantize_block(vals[tt * 33 + lane], oq + t * N + n0, od + t * blocks + n0 / 32,
+                           os + t * blocks + n0 / 32);
     }
 }

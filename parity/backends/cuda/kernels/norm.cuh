@@ -200,6 +200,160 @@ __device__ void norm_row(float* y, i8* q, float* qd, float* qs, float* sum, cons
     }
 }
 
+// ---- a row a warp (a prefill's rows) ------------------------------------------------------
+
+// Job ``second`` of ``a`` as a value: its fields selected one by one (indexing the launch's
+// argument, or a reference to one of its two jobs, would copy it to local memory)
+__device__ __forceinline__ NormJob pick_job(const NormRows& a, bool second) {
+    const NormJob &ja = a.a, &jb = a.b;
+    NormJob j;
+    j.y = second ? jb.y : ja.y;
+    j.q = second ? jb.q : ja.q;
+    j.qd = second ? jb.qd : ja.qd;
+    j.qs = second ? jb.qs : ja.qs;
+    j.sum = second ? jb.sum : ja.sum;
+    j.x = second ? jb.x : ja.x;
+    j.w = second ? jb.w : ja.w;
+    j.res = second ? jb.res : ja.res;
+    j.y2 = second ? jb.y2 : ja.y2;
+    j.q2 = second ? jb.q2 : ja.q2;
+    j.qd2 = second ? jb.qd2 : ja.qd2;
+    j.qs2 = second ? jb.qs2 : ja.qs2;
+    j.w2 = second ? jb.w2 : ja.w2;
+    j.eps = second ? jb.eps : ja.eps;
+    j.eps2 = second ? jb.eps2 : ja.eps2;
+    j.rows = second ? jb.rows : ja.rows;
+    return j;
+}
+
+// R values of a row from ``p`` (n of them, the rest +0.0): four at a time where the run is
+// whole and 16-byte aligned
+template <int R>
+__device__ __forceinline__ void load_run(float (&v)[R], const float* p, int n) {
+    if (R % 4 == 0 && n == R && (reinterpret_cast<size_t>(p) & 15) == 0) {
+#pragma unroll
+        for (int i = 0; i < R; i += 4) {
+            const float4 f = *reinterpret_cast<const float4*>(p + i);
+            v[i] = f.x, v[i + 1] = f.y, v[i + 2] = f.z, v[i + 3] = f.w;
+        }
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) v[i] = i < n ? p[i] : 0.0f;
+}
+
+template <int R>
+__device__ __forceinline__ void store_run(float* p, const float (&v)[R], int n) {
+    if (R % 4 == 0 && n == R && (reinterpret_cast<size_t>(p) & 15) == 0) {
+#pragma unroll
+        for (int i = 0; i < R; i += 4)
+            *reinterpret_cast<float4*>(p + i) = make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        if (i < n) p[i] = v[i];
+    }
+}
+
+// norm_row by one warp: lane l holds the aligned run [lR, lR + R) of the W = next_pow2(width)
+// slots, R = W / 32 (or 1, lanes < W, when W < 32), n of them the row's and the rest +0.0, so
+// its squares' pairwise sums are the TREE's subtree of those slots (a padding subtree is +0.0
+// and adding +0.0 to a sum of squares leaves it as it is, as tree_finish's padding does), and
+// the butterfly over the P = W / R lanes adds the subtrees. The run stays in registers: v
+// becomes the row's y, and its quantization's 32-value blocks are whole runs (R >= 32: R / 32
+// blocks a lane) or span 32 / R lanes (the max and the integer sum: exact in any order,
+// quantize_block's values). The operations are norm_row's, in its order.
+template <int R>
+__device__ __forceinline__ void norm_run(float (&v)[R], i8* q, float* qd, float* qs,
+                                         const float* w, float eps, int width, i64 row, int n) {
+    const int lane = threadIdx.x & 31, start = lane * R, P = next_pow2(width) / R;
+    float sq[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) sq[i] = __fmul_rn(v[i], v[i]);
+#pragma unroll
+    for (int step = 1; step < R; step <<= 1) {
+#pragma unroll
+        for (int i = 0; i < R; i += 2 * step) sq[i] = __fadd_rn(sq[i], sq[i + step]);
+    }
+    const float scale = rms_scale(warp_tree(lane < P ? sq[0] : 0.0f, P), width, eps);
+    if (w != nullptr) {
+        float wv[R];
+        load_run<R>(wv, w + start, n);
+#pragma unroll
+        for (int i = 0; i < R; ++i) v[i] = __fmul_rn(__fmul_rn(v[i], scale), wv[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < R; ++i) v[i] = __fmul_rn(v[i], scale);
+    }
+    if (q == nullptr) return;
+    const i64 at = row * width + start;
+    const int blocks = width >> 5;
+    constexpr int B = R >= 32 ? R / 32 : 1;  // the blocks of this lane's run
+    constexpr int E = R >= 32 ? 32 : R;      // ... and this lane's values of each
+#pragma unroll
+    for (int k = 0; k < B; ++k) {
+        float amax = 0.0f;  // (+0.0: |x| >= +0, and a NaN wins max_nan)
+#pragma unroll
+        for (int i = 0; i < E; ++i) amax = max_nan(amax, fabsf(v[k * E + i]));
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const float o = __shfl_xor_sync(FULL_MASK, amax, off);
+            if (off * R < 32) amax = max_nan(amax, o);
+        }
+        const float d = __fdiv_rn(amax, 127.0f);
+        int isum = 0, qv[E];
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+            qv[i] = quant_value(v[k * E + i], d);
+            isum += qv[i];
+        }
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+            const int o = __shfl_xor_sync(FULL_MASK, isum, off);
+            if (off * R < 32) isum += o;
+        }
+        if (k * E < n) {
+            i8* out = q + at + k * E;
+            if (E % 4 == 0) {  // (rows of a multiple of 32 bytes: 4-byte aligned runs)
+#pragma unroll
+                for (int i = 0; i < E; i += 4)
+                    *reinterpret_cast<int*>(out + i) = (qv[i] & 0xff) | (qv[i + 1] & 0xff) << 8 |
+                                                       (qv[i + 2] & 0xff) << 16 | qv[i + 3] << 24;
+            } else {
+#pragma unroll
+                for (int i = 0; i < E; ++i) out[i] = (i8)qv[i];
+            }
+            if ((start + k * E) % 32 == 0) {  // the block's first lane
+                const i64 b = row * blocks + (start + k * E) / 32;
+                qd[b] = d;
+                qs[b] = __fmul_rn(d, (float)isum);
+            }
+        }
+    }
+}
+
+// row ``row`` of job ``j`` by one warp (norm_job's outputs): the norm, its sum, and the norm
+// of the sum from the sum's values in registers
+template <int R>
+__device__ __forceinline__ void norm_job_warp(const NormJob& j, int width, i64 row) {
+    const int start = (threadIdx.x & 31) * R, n = max(0, min(R, width - start));
+    const i64 at = row * width + start;
+    float v[R];
+    load_run<R>(v, j.x + at, n);
+    norm_run<R>(v, j.q, j.qd, j.qs, j.w, j.eps, width, row, n);
+    if (j.y != nullptr) store_run<R>(j.y + at, v, n);
+    if (j.sum == nullptr) return;
+    float r[R];
+    load_run<R>(r, j.res + at, n);
+#pragma unroll
+    for (int i = 0; i < R; ++i) v[i] = i < n ? __fadd_rn(r[i], v[i]) : 0.0f;
+    store_run<R>(j.sum + at, v, n);
+    if (j.y2 == nullptr) return;
+    norm_run<R>(v, j.q2, j.qd2, j.qs2, j.w2, j.eps2, width, row, n);
+    store_run<R>(j.y2 + at, v, n);
+}
+
 // row ``row`` of a job: its norm, and the norm of the sum after it when the job has one
 __device__ __forceinline__ void norm_job(const NormJob& j, int width, i64 row, float* srow,
                                          float* tmp) {

@@ -100,6 +100,18 @@ __global__ void __launch_bounds__(NORM_THREADS) rms_norm_f32(NormRows args) {
              args.width, row, srow, tmp);
 }
 
+// A prefill's norms: a row a warp (norm.cuh's norm_job_warp, runs of R = next_pow2(width) / 32
+// slots a lane), blockDim.x / 32 rows a block (the lowering's NORM_WARP_ROWS); no barrier, and
+// no thread idle on rows narrower than rms_norm_f32's 1,024 threads (Gemma 3's heads of 256)
+template <int R>
+__global__ void __launch_bounds__(256) rms_norm_warps(NormRows args) {
+    pdl_begin();
+    const i64 row = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= (i64)args.a.rows + args.b.rows) return;  // (a whole warp: no barrier follows)
+    const bool second = row >= args.a.rows;
+    norm_job_warp<R>(pick_job(args, second), args.width, second ? row - args.a.rows : row);
+}
+
 // ---- ROPE, KV_WRITE ----------------------------------------------------------------------------
 
 // Up to two ROPEs of one step's rows (q and k: the same positions and tables) and one more
