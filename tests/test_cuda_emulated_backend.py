@@ -96,12 +96,20 @@ SWITCHED = {
     "WIDE_FIT_ROW": ("-wide-", ", 3, 1, 0>"),  # (gemv_q_wide's PER: rows of 256, one load)
     "ARGMAX_IN_HEAD": ("head-argmax", ", 1>"),
 }
+# ... and the prefill's (off until a GPU has timed them): norms a row a warp, gate/up
+# quantizing its output, Gemma 3's gate, up and GEGLU as one GEMM
+PREFILL_SWITCHES = {"NORM_WARP_WIDTH_MAX": 2048, "MMA_QUANTIZE": True, "MMA_GLU": True}
 DECODE_SWITCHES = ("NORM_AFTER_PRODUCT", "QKV_HEAD_NORMS", "GLU_IN_PRODUCT", "WIDE_GEMV",
                    "WIDE_FIT_ROW", "ARGMAX_IN_HEAD")  # fmt: skip
 
 
+# the cases of a prefill's rows (more than a GEMV's 8 tokens: the decode switches do not apply)
+PREFILL = tuple(f"-t{t}" for t in (12, 20, 35, 37, 40, 70))
+
+
 @pytest.mark.parametrize("switch, case", [(name, c) for name, (part, _) in SWITCHED.items()
-                                          for c in CASES if part in c])  # fmt: skip
+                                          for c in CASES
+                                          if part in c and not c.endswith(PREFILL)])  # fmt: skip
 def test_switched_fusions_are_bit_exact_in_the_emulator(switch, case, monkeypatch) -> None:
     """The cases of each switch's patterns with it on: the norm after a product done by the
     product's last block (and Gemma 3's ADD and norm of the sum after it), Gemma 3's head norms
@@ -221,11 +229,24 @@ def test_gemm_quantizing_its_output_is_bit_exact_in_the_emulator(case, tokens, m
     assert "quantize_q8" in plain, plain
 
 
+@pytest.mark.parametrize("tokens", [32, 64])
+def test_gemm_of_gate_up_and_geglu_is_bit_exact_in_the_emulator(tokens, monkeypatch):
+    """MMA_GLU: a prefill's gate and up products, their GEGLU (Gemma 3's) and its QUANTIZE as
+    one gated gemm_mma launch, which writes the two products' nodes too; every node bit for
+    bit, no glu_f32 launch left, and one quantize_q8 a run (the case's x)."""
+    launched = [name for name, _ in _judge_with("fusion-geglu-Q8_0-640x512-t40", monkeypatch,
+                                                MMA_GLU=True, MMA_QUANTIZE=True,
+                                                MMA_TOKENS=tokens)]  # fmt: skip
+    gated = [n for n in launched if n.startswith("gemm_mma<8, 8")]
+    assert gated and "glu_f32<1>" not in launched, launched
+    assert launched.count("quantize_q8") == len(gated), launched
+
+
 NORMS = [c for c in CASES if c.startswith("rms_norm") or "-norm-" in c or "-norms-" in c]
 
 
 @pytest.mark.parametrize("threads", [32, 128])
-@pytest.mark.parametrize("case", NORMS)
+@pytest.mark.parametrize("case", [c for c in NORMS if not c.endswith(PREFILL)])
 def test_decode_norms_of_fewer_threads_are_bit_exact_in_the_emulator(case, threads, monkeypatch):
     """NORM_DECODE_THREADS: a decode step's norms by blocks of fewer threads, each thread a
     longer run of the squares' TREE (and Gemma 3's 1,152-wide chained norm at 32: 64 a
@@ -235,7 +256,7 @@ def test_decode_norms_of_fewer_threads_are_bit_exact_in_the_emulator(case, threa
     assert threads in blocks, blocks
 
 
-PREFILL_NORMS = [c for c in NORMS if c.endswith(("-t12", "-t20", "-t40", "-t70"))]
+PREFILL_NORMS = [c for c in NORMS if c.endswith(PREFILL)]
 
 
 @pytest.mark.parametrize("case", PREFILL_NORMS)
@@ -262,9 +283,10 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     decode steps (GEMV, flash decoding; with ``switched`` the decode fusions that wait for a
     GPU's timing: the norms after the o and down products done by those products' last
     blocks, for Gemma 3 the head norms and ROPEs in the q/k/v launch and gate, up and GEGLU
-    as one product, and the output head by gemv_q_wide): every node of every step
-    bit-identical to the cpu oracle's, and the greedy tokens the same. ``heads``: the spec's
-    head shape, if not the tiny one's."""
+    as one product, and the output head by gemv_q_wide; and the prefill's: its norms a row a
+    warp, gate/up quantizing its output, Gemma 3's GEGLU in its gate/up GEMM): every node of
+    every step bit-identical to the cpu oracle's, and the greedy tokens the same. ``heads``:
+    the spec's head shape, if not the tiny one's."""
     from cuda_emulator.backend import EmulatedDriver
 
     from parity.arch.synthetic import synthetic_model, tiny_spec
@@ -285,6 +307,8 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     monkeypatch.setattr(lowering, "TILE_BLOCKS", 1)  # (40 tokens: else a token a block)
     for switch in DECODE_SWITCHES:
         monkeypatch.setattr(lowering, switch, switched)
+    for switch, on in PREFILL_SWITCHES.items():
+        monkeypatch.setattr(lowering, switch, on if switched else getattr(lowering, switch))
     spec, weights = synthetic_model(tiny_spec(arch, n_ctx_train=1024, **heads), seed=5)
     prompt = [(7 * i) % 500 + 1 for i in range(40)]
     report = compare_steps(arch, spec, weights, prompt, 3, lambda: CpuBackend(Device("cpu")),
@@ -293,11 +317,12 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     assert report.identical_share == 1.0 and report.tokens_agree == 3
     prefill = "attention_tiles" if tiles else "attention_rows_gqa"
     kernels = ["gemm_mma", prefill, "gemv_q_multi", "attention_chunks"]
-    for kernel in kernels + ["gemv_q_norm", "gemv_q_wide"] * switched:
+    for kernel in kernels + ["gemv_q_norm", "gemv_q_wide", "rms_norm_warps"] * switched:
         assert launched[kernel] > 0, launched
     assert switched or not launched["gemv_q_norm"]
-    if switched and arch == "gemma3":  # ROPEs and GEGLU launched alone by the prefill only
-        assert launched["rope_f32"] == launched["glu_f32"] == spec.n_layer, launched
+    if switched and arch == "gemma3":  # ROPEs launched alone by the prefill only; its GEGLU
+        assert launched["rope_f32"] == spec.n_layer, launched  # in the gate/up GEMM
+        assert launched["glu_f32"] == 0, launched
 
 
 @pytest.mark.parametrize("reverse", [False, True])

@@ -767,8 +767,9 @@ def fused_suite() -> list[CaseSpec]:
             DType.Q8_0, _unfused_attention_block(DType.Q8_0, 640, (4, 1, 256), "neox", False,
                                                  40, t, 256, smollm.rms_eps, head_norms=True),
             rewrite=True)  # fmt: skip
-    # Gemma 3's gate, up and GEGLU before down (a GPU backend may run them as one product)
-    for t in (1, 3):
+    # Gemma 3's gate, up and GEGLU before down (a GPU backend may run them as one product; 40
+    # tokens: a prefill's)
+    for t in (1, 3, 40):
         add(f"fusion-geglu-Q8_0-640x512-t{t}", Op.GEGLU, DType.Q8_0,
             _unfused_geglu(DType.Q8_0, 640, 512, t), rewrite=True)  # fmt: skip
     return specs

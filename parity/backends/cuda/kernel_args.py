@@ -101,6 +101,12 @@ class RopeSegsArg(ctypes.Structure):
     ]
 
 
+class MmaMoreArg(ctypes.Structure):
+    """``struct MmaMore`` of matmul.cu: what a gemm_mma launch writes besides y (null: not)."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in ("gate", "up", "q", "d", "s")]
+
+
 class NormJobArg(ctypes.Structure):
     """``struct NormJob`` of rows.cu: a norm of an rms_norm_f32 launch, with the ADD and the
     norm of the sum that may follow it (null: not done)."""

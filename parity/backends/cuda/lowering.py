@@ -36,6 +36,7 @@ import attrs
 from parity.backends.cuda.kernel_args import (
     AttnArg,
     GemvSegsArg,
+    MmaMoreArg,
     NormJobArg,
     NormRowsArg,
     Q8Arg,
@@ -69,6 +70,11 @@ MMA_MIN_BLOCKS = 2
 # epilogue, a Q8 block of each of its tokens a block (matmul.cu's gemm_mma), where a
 # quantize_q8 launch read it back; off until a GPU times it
 MMA_QUANTIZE = False
+# ... and a prefill's gate and up products with their GEGLU (Gemma 3's; SWIGLU comes fused from
+# the graph's rewrite) and its QUANTIZE: one gated gemm_mma launch (the products' values
+# written too), where two products and a glu_f32 launch were; with MMA_QUANTIZE, off until a
+# GPU times it
+MMA_GLU = False
 MMA_WSTRIDE = 80  # words of a row of its unpacked quants
 MMA_BLOCK_PAIRS = 10  # (d, s) pairs a token's row of activation blocks takes (MmaGeom::DS)
 ATTENTION_DIMS = (64, 128, 256)
@@ -852,11 +858,15 @@ class Lowering:
                 mma += f", 1, {tokens}"
             elif MMA_MIN_BLOCKS != 2:
                 mma += f", {MMA_MIN_BLOCKS}"
+            more = MmaMoreArg()
             fused = MMA_QUANTIZE and q8 is not None and n % 32 == 0
-            q8_out = self._q8_parts(q8 if fused else None)
+            if fused:
+                more.q, more.d, more.s = (p.data_ptr() for p in self._q8_parts(q8))
+            if glu is not None:
+                more.gate, more.up = (self._ptr(j).value for j in glu[1:])
             self._launch("matmul.cu", f"gemm_mma<{mma}>",
                          (-(-n // MMA_TILE), -(-t // tokens), 1), (8 * tokens, 1, 1),
-                         [pointer(out), xq, *common, *map(pointer, q8_out)], shared)  # fmt: skip
+                         [pointer(out), xq, *common, more], shared)  # fmt: skip
             return fused
         sub = sub_block(w.dtype)
         maxl = max(6, tree_levels(next_pow2(k // sub)))
@@ -894,7 +904,7 @@ class Lowering:
             weights = (nodes[gate].src[1], nodes[up].src[1])
             if not self._product(self.values[g], node.src[0], weights, None, None, node.shape,
                                  qn, glu=(epi, gate, up)):  # fmt: skip
-                raise BackendError(  # (_glu_of takes only what gemv_q_q8 computes)
+                raise BackendError(  # (_glu_of takes what gemv_q_q8 and gemm_mma compute)
                     f"the fused gate/up/{nodes[g].op.name} launch did not quantize its output"
                 )
             self.done.update((gate, up, g, qn))
@@ -908,14 +918,21 @@ class Lowering:
                       node=i)  # fmt: skip
 
     def _glu_of(self, i: int, node: Node) -> tuple[int, int, int, int] | None:
-        """With GLU_IN_PRODUCT, for a decode product ``i``: the GEGLU or SWIGLU that reads it as
-        its gate or up, the other product of the same Q8A x with a weight of the same quantized
-        type and shape (no biases), and the QUANTIZE of the GLU: (GLU, gate, up, QUANTIZE) for
-        one gemv_q_q8 launch, whose epilogue is the GLU; else None."""
+        """With GLU_IN_PRODUCT, for a decode product ``i`` (with MMA_GLU and MMA_QUANTIZE, a
+        prefill's): the GEGLU or SWIGLU that reads it as its gate or up, the other product of
+        the same Q8A x with a weight of the same quantized type and shape (no biases), and the
+        QUANTIZE of the GLU: (GLU, gate, up, QUANTIZE) for one gemv_q_q8 (or gemm_mma) launch,
+        whose epilogue is the GLU; else None."""
         nodes = self.graph.nodes
         x = node.src[0]
-        if (not GLU_IN_PRODUCT or len(node.src) != 2 or node.shape[0] > GEMV_TOKENS[-1]
-                or node.shape[1] % 32 or nodes[x].dtype is not DType.Q8A):  # fmt: skip
+        t, n = node.shape
+        if t <= GEMV_TOKENS[-1]:
+            fits = GLU_IN_PRODUCT
+        else:
+            w = nodes[node.src[1]]
+            mma = w.dtype.is_quantized and gemm_mma_shared(w.dtype, True, w.shape[1], MMA_TOKENS)
+            fits = MMA_GLU and MMA_QUANTIZE and mma is not None
+        if not fits or len(node.src) != 2 or n % 32 or nodes[x].dtype is not DType.Q8A:
             return None
         glus = [u for u in self.readers.get(i, []) if u in self.inside and u not in self.done
                 and nodes[u].op in (Op.GEGLU, Op.SWIGLU)]  # fmt: skip

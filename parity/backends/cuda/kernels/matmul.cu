@@ -839,11 +839,22 @@ __device__ __forceinline__ float tree_finish_at(float* st, int stride, int count
     return st[(31 - __clz(width)) * stride];
 }
 
+// What a gemm_mma launch may write besides y (null: not): a gated product's two products (the
+// gate and up nodes of the GLU it computes), and y quantized (the Q8A x of the next product:
+// quants, and each 32-block's d and s; N a multiple of 32)
+struct MmaMore {
+    float* gate;
+    float* up;
+    i8* q;
+    float* d;
+    float* s;
+};
+
 // (MINB: blocks a multiprocessor, the lowering's; BT: tokens a block)
 template <int QT, int EPI, int MINB = 2, int BT = 32>
 __global__ void __launch_bounds__(8 * BT, MINB)
 gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
-         int T, int N, int K, i64 row_bytes, i8* oq, float* od, float* os) {
+         int T, int N, int K, i64 row_bytes, MmaMore more) {
     pdl_begin();
     typedef MmaGeom<QT, EPI, BT> G;
     constexpr int THREADS = G::THREADS;
@@ -1020,13 +1031,18 @@ gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const flo
                                                         stages * G::SUBS, W)
                                       : 0.0f;
         out[e] = epilogue<EPI>(v, v2, bias, res, t, n, N);
-        if (t < T && n < N) y[(i64)t * N + n] = out[e];
+        if (t < T && n < N) {
+            y[(i64)t * N + n] = out[e];
+            if (G::NMAT == 2 && more.gate != nullptr) {
+                more.gate[(i64)t * N + n] = v;
+                more.up[(i64)t * N + n] = v2;
+            }
+        }
     }
-    if (oq == nullptr) return;
-    // the output quantized too (the Q8A x of the next product, the lowering's, N a multiple of
-    // 32): the block's 32 rows are one Q8 block of each of its tokens, gathered in shared
-    // memory (the stages' copies: every warp is past its last reads of them at the barrier),
-    // a warp a token at a time (quantize_q8's quantize_block: the same bits)
+    if (more.q == nullptr) return;
+    // y quantized: the block's 32 rows are one Q8 block of each of its tokens, gathered in
+    // shared memory (the stages' copies: every warp is past its last reads of them at the
+    // barrier), a warp a token at a time (quantize_q8's quantize_block: the same bits)
     __syncthreads();
     float* vals = reinterpret_cast<float*>(smem_raw);  // [BT][33]
 #pragma unroll
@@ -1035,7 +1051,7 @@ gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const flo
     for (int tt = warp; tt < G::BT; tt += THREADS / 32) {
         const i64 t = t0 + tt, blocks = N / 32;
         if (t < T)
-            quantize_block(vals[tt * 33 + lane], oq + t * N + n0, od + t * blocks + n0 / 32,
-                           os + t * blocks + n0 / 32);
+            quantize_block(vals[tt * 33 + lane], more.q + t * N + n0,
+                           more.d + t * blocks + n0 / 32, more.s + t * blocks + n0 / 32);
     }
 }
