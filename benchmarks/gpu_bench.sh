@@ -96,8 +96,8 @@ together="HEADS_TOGETHER_CHUNKS[64]=3 HEADS_TOGETHER_CHUNKS[128]=3 HEADS_TOGETHE
 # since its A/B; TILE_SCORES_BYTES=0 times the kernel without)
 # (and gemm_mma's blocks of 64 tokens, MMA_TOKENS)
 # (ninth session: a prefill's norms a row a warp, NORM_WARP_WIDTH_MAX; gate/up quantizing its
-# output for down, MMA_QUANTIZE; Gemma 3's gate, up and GEGLU as one GEMM, MMA_GLU)
-switches=${SWITCHES:-"MMA_TOKENS=64 NORM_WARP_WIDTH_MAX=2048 MMA_QUANTIZE=1 MMA_GLU=1 WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 $together"}
+# output for down, MMA_QUANTIZE; Gemma 3's gate, up and GEGLU as one GEMM, MMA_GLU; q, k, v too, MMA_MULTI)
+switches=${SWITCHES:-"MMA_TOKENS=64 NORM_WARP_WIDTH_MAX=2048 MMA_QUANTIZE=1 MMA_GLU=1 MMA_MULTI=1 WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 $together"}
 all=${switches// /,}
 if [ "${DEEP:-0}" = 1 ]; then  # flash decoding's switches, deep in the cache
   fold=FOLD_BATCH=8; caps=CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2
@@ -108,7 +108,7 @@ if [ "${DEEP:-0}" = 1 ]; then  # flash decoding's switches, deep in the cache
   variants=${VARIANTS:-"- $all3 $from16 $caps $caps,$all3 $fold,$all3"}
   POSITION=${POSITION:-4000}
 else
-  prefill=MMA_TOKENS=64,NORM_WARP_WIDTH_MAX=2048,MMA_QUANTIZE=1,MMA_GLU=1
+  prefill=MMA_TOKENS=64,NORM_WARP_WIDTH_MAX=2048,MMA_QUANTIZE=1,MMA_GLU=1,MMA_MULTI=1
   variants=${VARIANTS:-"- MMA_TOKENS=64 NORM_WARP_WIDTH_MAX=2048 MMA_QUANTIZE=1 $prefill MMA_MIN_BLOCKS=3 WIDE_FIT_ROW=1,WIDE_BLOCKS_PER_SM=7 ARGMAX_IN_HEAD=1"}
 fi
 if [ "$stage" = candidates ]; then
@@ -250,7 +250,7 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
   run gpu_tests python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_cuda_backend.py &
   run conformance_mma64 python3 benchmarks/with_lowering.py MMA_TOKENS=64 MMA_QUANTIZE=1 -- \
     -m parity conformance cuda -k matmul -k fusion &  # (gemm_mma's blocks of 64 tokens)
-  run conformance_prefill python3 benchmarks/with_lowering.py MMA_QUANTIZE=1 MMA_GLU=1 \
+  run conformance_prefill python3 benchmarks/with_lowering.py MMA_QUANTIZE=1 MMA_GLU=1 MMA_MULTI=1 \
     NORM_WARP_WIDTH_MAX=2048 -- -m parity conformance cuda -k fusion -k norm &  # (ninth session)
   { timeout "${VERIFY_S:-500}" python3 -m parity conformance triton; echo "rc $?"  # exact, fast
     PARITY_TRITON_HALF_GEMM=1 timeout "${VERIFY_S:-500}" python3 -m parity conformance triton \

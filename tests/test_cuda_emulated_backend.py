@@ -98,7 +98,12 @@ SWITCHED = {
 }
 # ... and the prefill's (off until a GPU has timed them): norms a row a warp, gate/up
 # quantizing its output, Gemma 3's gate, up and GEGLU as one GEMM
-PREFILL_SWITCHES = {"NORM_WARP_WIDTH_MAX": 2048, "MMA_QUANTIZE": True, "MMA_GLU": True}
+PREFILL_SWITCHES = {
+    "NORM_WARP_WIDTH_MAX": 2048,
+    "MMA_QUANTIZE": True,
+    "MMA_GLU": True,
+    "MMA_MULTI": True,
+}
 DECODE_SWITCHES = ("NORM_AFTER_PRODUCT", "QKV_HEAD_NORMS", "GLU_IN_PRODUCT", "WIDE_GEMV",
                    "WIDE_FIT_ROW", "ARGMAX_IN_HEAD")  # fmt: skip
 
@@ -242,6 +247,17 @@ def test_gemm_of_gate_up_and_geglu_is_bit_exact_in_the_emulator(tokens, monkeypa
     assert launched.count("quantize_q8") == len(gated), launched
 
 
+@pytest.mark.parametrize("case", ["fusion-qkv-Q4_1-576-t40", "fusion-qkv-bias-Q5_0-Q8_0-256-t40"])
+@pytest.mark.parametrize("tokens", [32, 64])
+def test_gemm_of_q_k_and_v_together_is_bit_exact_in_the_emulator(case, tokens, monkeypatch):
+    """MMA_MULTI: a prefill's q, k and v products as one gemm_mma_multi launch (three
+    segments of one type, or v of another with biases), bit for bit."""
+    launched = [name for name, _ in _judge_with(case, monkeypatch, MMA_MULTI=True,
+                                                MMA_TOKENS=tokens)]  # fmt: skip
+    multi = [n for n in launched if n.startswith("gemm_mma_multi<")]
+    assert multi and not any(n.startswith("gemm_mma<") for n in launched), launched
+
+
 NORMS = [c for c in CASES if c.startswith("rms_norm") or "-norm-" in c or "-norms-" in c]
 
 
@@ -284,7 +300,8 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     GPU's timing: the norms after the o and down products done by those products' last
     blocks, for Gemma 3 the head norms and ROPEs in the q/k/v launch and gate, up and GEGLU
     as one product, and the output head by gemv_q_wide; and the prefill's: its norms a row a
-    warp, gate/up quantizing its output, Gemma 3's GEGLU in its gate/up GEMM): every node of
+    warp, gate/up quantizing its output, Gemma 3's GEGLU in its gate/up GEMM, q, k and v as
+    one GEMM launch): every node of
     every step bit-identical to the cpu oracle's, and the greedy tokens the same. ``heads``:
     the spec's head shape, if not the tiny one's."""
     from cuda_emulator.backend import EmulatedDriver
@@ -317,7 +334,8 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     assert report.identical_share == 1.0 and report.tokens_agree == 3
     prefill = "attention_tiles" if tiles else "attention_rows_gqa"
     kernels = ["gemm_mma", prefill, "gemv_q_multi", "attention_chunks"]
-    for kernel in kernels + ["gemv_q_norm", "gemv_q_wide", "rms_norm_warps"] * switched:
+    prefill_switched = ["rms_norm_warps", "gemm_mma_multi"]
+    for kernel in kernels + (["gemv_q_norm", "gemv_q_wide", *prefill_switched]) * switched:
         assert launched[kernel] > 0, launched
     assert switched or not launched["gemv_q_norm"]
     if switched and arch == "gemma3":  # ROPEs launched alone by the prefill only; its GEGLU

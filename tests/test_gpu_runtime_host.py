@@ -144,6 +144,8 @@ KERNELS = [
     ("matmul.cu", "gemm_mma<6, 4, 3>"),  # (the switches' instantiations: MMA_MIN_BLOCKS ...)
     ("matmul.cu", "gemm_mma<6, 4, 1, 64>"),  # (... MMA_TOKENS)
     ("matmul.cu", "gemm_mma<14, 2, 1, 64>"),
+    ("matmul.cu", "gemm_mma_multi<6, 8, 1>"),  # (... MMA_MULTI)
+    ("matmul.cu", "gemm_mma_multi<3, 3, 0, 1, 64>"),
     ("matmul.cu", "gemv_q_wide<8, 0, 3>"),
     ("matmul.cu", "gemv_q_wide<8, 0, 6, 2>"),  # (... WIDE_FIT_ROW, FOLD_BATCH, MIN_BLOCKS)
     ("matmul.cu", "gemv_q_wide<8, 0, 3, 3, 1>"),  # (... ARGMAX_IN_HEAD)

@@ -329,13 +329,20 @@ def _unfused_geglu(dtype: DType, e: int, f: int, t: int):
     return make
 
 
-def _unfused_qkv(dtype: DType, e: int, q: int, kv: int, t: int):
-    """Three products of one x (q, k, v): one activation quantization can serve all three."""
+def _unfused_qkv(dtype: DType, e: int, q: int, kv: int, t: int, v_dtype: DType | None = None,
+                 bias: bool = False):  # fmt: skip
+    """Three products of one x (q, k, v): one activation quantization can serve all three (v
+    of ``v_dtype`` when given; with ``bias``, each with its bias, Qwen2's)."""
 
     def make(g: _Builder) -> tuple[Ref, ...]:
         x = g.input("x", activations(g.rng, (t, e)))
-        return tuple(g.op(Op.MATMUL, x, g.weight(n, dtype, (rows, e)))
-                     for n, rows in (("q", q), ("k", kv), ("v", kv)))  # fmt: skip
+        out = []
+        for n, rows, wtype in (("q", q, dtype), ("k", kv, dtype), ("v", kv, v_dtype or dtype)):
+            srcs = [x, g.weight(n, wtype, (rows, e))]
+            if bias:
+                srcs.append(g.weight(f"{n}_bias", F32, (rows,)))
+            out.append(g.op(Op.MATMUL, *srcs))
+        return tuple(out)
 
     return make
 
@@ -767,6 +774,13 @@ def fused_suite() -> list[CaseSpec]:
             DType.Q8_0, _unfused_attention_block(DType.Q8_0, 640, (4, 1, 256), "neox", False,
                                                  40, t, 256, smollm.rms_eps, head_norms=True),
             rewrite=True)  # fmt: skip
+    # a prefill's q, k and v (a GPU backend may run them as one GEMM launch): SmolLM2's, and
+    # v of another type than q and k with biases (Qwen2's, narrower)
+    add("fusion-qkv-Q4_1-576-t40", Op.MATMUL, DType.Q4_1,
+        _unfused_qkv(DType.Q4_1, 576, 576, 192, 40), rewrite=True)  # fmt: skip
+    add("fusion-qkv-bias-Q5_0-Q8_0-256-t40", Op.MATMUL, DType.Q5_0,
+        _unfused_qkv(DType.Q5_0, 256, 256, 64, 40, DType.Q8_0, bias=True),
+        rewrite=True)  # fmt: skip
     # Gemma 3's gate, up and GEGLU before down (a GPU backend may run them as one product; 40
     # tokens: a prefill's)
     for t in (1, 3, 40):

@@ -76,7 +76,8 @@ class GemvSegArg(ctypes.Structure):
 
 
 class GemvSegsArg(ctypes.Structure):
-    """``struct GemvSegs`` of matmul.cu: up to three products in one launch (unused: N = 0)."""
+    """``struct GemvSegs`` of matmul.cu: up to three products in one launch (unused: N = 0),
+    of gemv_q_multi or gemm_mma_multi."""
 
     _fields_ = [("s0", GemvSegArg), ("s1", GemvSegArg), ("s2", GemvSegArg)]
 

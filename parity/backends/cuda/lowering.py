@@ -75,6 +75,9 @@ MMA_QUANTIZE = False
 # written too), where two products and a glu_f32 launch were; with MMA_QUANTIZE, off until a
 # GPU times it
 MMA_GLU = False
+# a prefill's products of one x by weights of one width (q, k and v) as one gemm_mma_multi
+# launch, so that k's and v's few row tiles run beside q's; off until a GPU times it
+MMA_MULTI = False
 MMA_WSTRIDE = 80  # words of a row of its unpacked quants
 MMA_BLOCK_PAIRS = 10  # (d, s) pairs a token's row of activation blocks takes (MmaGeom::DS)
 ATTENTION_DIMS = (64, 128, 256)
@@ -255,6 +258,14 @@ def tree_levels(width: int) -> int:
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
+
+
+@attrs.frozen
+class Segments:
+    """A multi-product launch's segments (GemvSegs) and its blocks."""
+
+    arg: GemvSegsArg
+    blocks: int
 
 
 @attrs.define
@@ -954,10 +965,20 @@ class Lowering:
 
     def _siblings(self, i: int, node: Node) -> list[int]:
         """Other products of the split that read this product's Q8A x with weights of its
-        width, and its bias or none (q, k and v): at most two, launched with it."""
+        width, and its bias or none (q, k and v): at most two, launched with it (a prefill's
+        with MMA_MULTI, where each takes gemm_mma)."""
         nodes = self.graph.nodes
         x = node.src[0]
-        if nodes[x].dtype is not DType.Q8A or node.shape[0] > GEMV_TOKENS[-1]:
+        prefill = node.shape[0] > GEMV_TOKENS[-1]
+        if nodes[x].dtype is not DType.Q8A or (prefill and not MMA_MULTI):
+            return []
+
+        def mma(u: int) -> bool:
+            w = nodes[nodes[u].src[1]]
+            return w.dtype.is_quantized and gemm_mma_shared(w.dtype, False, w.shape[1],
+                                                            MMA_TOKENS) is not None  # fmt: skip
+
+        if prefill and not mma(i):
             return []
         k = nodes[node.src[1]].shape[1]
         found = []
@@ -966,7 +987,7 @@ class Lowering:
             if (u == i or u not in self.inside or u in self.done or other.op is not Op.MATMUL
                     or other.src[0] != x or len(other.src) != len(node.src)):  # fmt: skip
                 continue
-            if nodes[other.src[1]].shape[1] == k and len(found) < 2:
+            if nodes[other.src[1]].shape[1] == k and len(found) < 2 and (not prefill or mma(u)):
                 found.append(u)
         return found
 
@@ -986,30 +1007,48 @@ class Lowering:
         slots = [*first_two, third]
         first = nodes[group[0]]
         t, k = first.shape[0], nodes[first.src[1]].shape[1]
+        q, d, s = self._q8_parts(first.src[0])
+        xq = Q8Arg(q.data_ptr(), d.data_ptr(), s.data_ptr())
+        epi = EPI_BIAS if len(first.src) == 3 else 0
+        qt2 = common if slots[2] is None else nodes[nodes[slots[2]].src[1]].dtype
+        self.done.update(group)
+        if t > GEMV_TOKENS[-1]:  # a prefill's (MMA_MULTI): gemm_mma's tiles of 32 rows
+            segs = self._segments(slots, k, MMA_TILE)
+            types = {common, qt2}
+            shared = max(gemm_mma_shared(dtype, False, k, MMA_TOKENS) or 0 for dtype in types)
+            kind = f"{common.value}, {qt2.value}, {epi}"
+            if MMA_TOKENS != 32:
+                kind += f", 1, {MMA_TOKENS}"
+            elif MMA_MIN_BLOCKS != 2:
+                kind += f", {MMA_MIN_BLOCKS}"
+            self._launch("matmul.cu", f"gemm_mma_multi<{kind}>",
+                         (segs.blocks, -(-t // MMA_TOKENS), 1), (8 * MMA_TOKENS, 1, 1),
+                         [segs.arg, xq, t, k], shared)  # fmt: skip
+            return
         wpr = min(gemv_warps_per_row(nodes[nodes[i].src[1]].dtype, k) for i in group)
-        segs = GemvSegsArg()
+        segs = self._segments(slots, k, GEMV_WARPS // wpr)
+        tmax = next(c for c in GEMV_TOKENS if c >= t)
+        mode, rope = self._qkv_rope(slots, GEMV_WARPS // wpr)
+        kind = f"{common.value}, {qt2.value}, {tmax}, {epi}, {wpr}, {mode}"
+        self._launch("matmul.cu", f"gemv_q_multi<{kind}>", (segs.blocks, 1, 1),
+                     (32 * GEMV_WARPS, 1, 1), [segs.arg, xq, t, k, rope])  # fmt: skip
+
+    def _segments(self, slots: list[int | None], k: int, rows: int) -> Segments:
+        """The GemvSegs of products ``slots`` over K = ``k``, ``rows`` rows a block."""
+        nodes = self.graph.nodes
+        arg = GemvSegsArg()
         for name, i in zip(("s0", "s1", "s2"), slots, strict=True):
             if i is None:
                 continue  # N = 0, no blocks
             node = nodes[i]
-            seg = getattr(segs, name)
+            seg = getattr(arg, name)
             seg.y = self._ptr(i).value
             seg.w = self._ptr(node.src[1]).value
             seg.bias = self._ptr(node.src[2]).value if len(node.src) == 3 else None
             seg.row_bytes = nodes[node.src[1]].dtype.nbytes(k)
             seg.N = node.shape[1]
-            seg.blocks = -(-seg.N // (GEMV_WARPS // wpr))
-        blocks = sum(getattr(segs, name).blocks for name in ("s0", "s1", "s2"))
-        q, d, s = self._q8_parts(first.src[0])
-        xq = Q8Arg(q.data_ptr(), d.data_ptr(), s.data_ptr())
-        epi = EPI_BIAS if len(first.src) == 3 else 0
-        tmax = next(c for c in GEMV_TOKENS if c >= t)
-        qt2 = common if slots[2] is None else nodes[nodes[slots[2]].src[1]].dtype
-        mode, rope = self._qkv_rope(slots, GEMV_WARPS // wpr)
-        kind = f"{common.value}, {qt2.value}, {tmax}, {epi}, {wpr}, {mode}"
-        self._launch("matmul.cu", f"gemv_q_multi<{kind}>", (blocks, 1, 1),
-                     (32 * GEMV_WARPS, 1, 1), [segs, xq, t, k, rope])  # fmt: skip
-        self.done.update(group)
+            seg.blocks = -(-seg.N // rows)
+        return Segments(arg, arg.s0.blocks + arg.s1.blocks + arg.s2.blocks)
 
     def _qkv_rope(self, slots: list[int | None], rows: int) -> tuple[int, RopeSegsArg]:
         """The ROPEs and KV_WRITEs a q/k/v launch can do too (matmul.cu's RopeSegs), and its

@@ -851,11 +851,13 @@ struct MmaMore {
 };
 
 // (MINB: blocks a multiprocessor, the lowering's; BT: tokens a block)
-template <int QT, int EPI, int MINB = 2, int BT = 32>
-__global__ void __launch_bounds__(8 * BT, MINB)
-gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
-         int T, int N, int K, i64 row_bytes, MmaMore more) {
-    pdl_begin();
+// The tile of rows [32 bx, 32 bx + 32) and tokens [BT by, BT by + BT) of a product: gemm_mma's
+// block, and each block of gemm_mma_multi's
+template <int QT, int EPI, int BT>
+__device__ __forceinline__ void gemm_mma_tile(int bx, int by, float* y, Q8 x, const u8* w,
+                                              const u8* w2, const float* bias, const float* res,
+                                              int T, int N, int K, i64 row_bytes,
+                                              const MmaMore& more) {
     typedef MmaGeom<QT, EPI, BT> G;
     constexpr int THREADS = G::THREADS;
     extern __shared__ int4 smem_raw[];
@@ -863,7 +865,7 @@ gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const flo
     MmaShared<QT, EPI, BT>& sh = *reinterpret_cast<MmaShared<QT, EPI, BT>*>(smem_raw);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, c = lane & 3;
-    const int n0 = blockIdx.x * G::BN, t0 = blockIdx.y * G::BT;
+    const int n0 = bx * G::BN, t0 = by * G::BT;
     const int S = K / G::L, W = next_pow2(S), nbk = K / 32;
     const int stages = (S + G::SUBS - 1) / G::SUBS;
     const int wr = (warp & 1) * 16, wt = (warp >> 1) * 8;  // this warp's rows and tokens
@@ -1054,4 +1056,37 @@ gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const flo
             quantize_block(vals[tt * 33 + lane], more.q + t * N + n0,
                            more.d + t * blocks + n0 / 32, more.s + t * blocks + n0 / 32);
     }
+}
+
+// (MINB: blocks a multiprocessor, the lowering's; BT: tokens a block)
+template <int QT, int EPI, int MINB = 2, int BT = 32>
+__global__ void __launch_bounds__(8 * BT, MINB)
+gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
+         int T, int N, int K, i64 row_bytes, MmaMore more) {
+    pdl_begin();
+    gemm_mma_tile<QT, EPI, BT>(blockIdx.x, blockIdx.y, y, x, w, w2, bias, res, T, N, K,
+                               row_bytes, more);
+}
+
+// Up to three products of one x by weights of one width (a prefill's q, k and v) in one
+// launch, so the small ones (k and v: a few row tiles) run beside the others: gemv_q_multi's
+// segments (GemvSegs), segment k's row tiles the blocks [first_k, first_k + blocks_k) of the
+// grid's x. Segments 0 and 1 hold weights of type QT, segment 2 of QT2 (the dynamic shared
+// memory: the larger type's).
+template <int QT, int QT2, int EPI, int MINB = 2, int BT = 32>
+__global__ void __launch_bounds__(8 * BT, MINB) gemm_mma_multi(GemvSegs segs, Q8 x, int T, int K) {
+    pdl_begin();
+    const GemvSeg &a = segs.s0, &b = segs.s1, &c = segs.s2;
+    const int bx = blockIdx.x, seg = bx < a.blocks ? 0 : bx < a.blocks + b.blocks ? 1 : 2;
+    const MmaMore none = {nullptr, nullptr, nullptr, nullptr, nullptr};
+    // (fields selected one by one: an index into the argument would copy it to local memory)
+#define PICK(f) (seg == 0 ? a.f : seg == 1 ? b.f : c.f)
+    const int first = seg == 0 ? 0 : seg == 1 ? a.blocks : a.blocks + b.blocks;
+    if (QT == QT2 || seg < 2)
+        gemm_mma_tile<QT, EPI, BT>(bx - first, blockIdx.y, PICK(y), x, PICK(w), nullptr,
+                                   PICK(bias), nullptr, T, PICK(N), K, PICK(row_bytes), none);
+    else
+        gemm_mma_tile<QT2, EPI, BT>(bx - first, blockIdx.y, c.y, x, c.w, nullptr, c.bias,
+                                    nullptr, T, c.N, K, c.row_bytes, none);
+#undef PICK
 }
