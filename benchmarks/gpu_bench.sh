@@ -252,22 +252,28 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
     -m parity conformance cuda -k matmul -k fusion &  # (gemm_mma's blocks of 64 tokens)
   run conformance_prefill python3 benchmarks/with_lowering.py MMA_QUANTIZE=1 MMA_GLU=1 MMA_MULTI=1 \
     NORM_WARP_WIDTH_MAX=2048 -- -m parity conformance cuda -k fusion -k norm &  # (ninth session)
-  { timeout "${VERIFY_S:-500}" python3 -m parity conformance triton; echo "rc $?"  # exact, fast
-    PARITY_TRITON_HALF_GEMM=1 timeout "${VERIFY_S:-500}" python3 -m parity conformance triton \
-      --numerics fast; echo "rc $?"
-  } > "$out/conformance_triton.txt" 2>&1 &
-  fold=FOLD_BATCH=8; caps=CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2
-  all3="HEADS_TOGETHER_CHUNKS[64]=3,HEADS_TOGETHER_CHUNKS[128]=3,HEADS_TOGETHER_CHUNKS[256]=1"
-  from16="HEADS_TOGETHER_CHUNKS[64]=16,HEADS_TOGETHER_CHUNKS[256]=16"
-  for variant in TILE_SCORES_BYTES=0 $fold,$caps "$all3" "$fold,$caps,$from16"; do
-    echo "== parity conformance cuda -k attention with $variant"
-    timeout "${VERIFY_S:-500}" python3 benchmarks/with_lowering.py ${variant//,/ } -- -m parity \
-      conformance cuda -k attention > /tmp/conformance_variant.txt 2>&1
-    echo "rc $?"; tail -2 /tmp/conformance_variant.txt
-  done > "$out/conformance_deep.txt" 2>&1 &
+  files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill)
+  # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
+  if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
+    files+=(conformance_triton)
+    { timeout "${VERIFY_S:-500}" python3 -m parity conformance triton; echo "rc $?"  # exact, fast
+      PARITY_TRITON_HALF_GEMM=1 timeout "${VERIFY_S:-500}" python3 -m parity conformance triton \
+        --numerics fast; echo "rc $?"
+    } > "$out/conformance_triton.txt" 2>&1 &
+  fi
+  if [[ " ${VERIFY_SKIP:-} " != *" deep "* ]]; then
+    files+=(conformance_deep)
+    fold=FOLD_BATCH=8; caps=CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2
+    all3="HEADS_TOGETHER_CHUNKS[64]=3,HEADS_TOGETHER_CHUNKS[128]=3,HEADS_TOGETHER_CHUNKS[256]=1"
+    from16="HEADS_TOGETHER_CHUNKS[64]=16,HEADS_TOGETHER_CHUNKS[256]=16"
+    for variant in TILE_SCORES_BYTES=0 $fold,$caps "$all3" "$fold,$caps,$from16"; do
+      echo "== parity conformance cuda -k attention with $variant"
+      timeout "${VERIFY_S:-500}" python3 benchmarks/with_lowering.py ${variant//,/ } -- -m \
+        parity conformance cuda -k attention > /tmp/conformance_variant.txt 2>&1
+      echo "rc $?"; tail -2 /tmp/conformance_variant.txt
+    done > "$out/conformance_deep.txt" 2>&1 &
+  fi
   wait
-  files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
-         conformance_triton conformance_deep)
   for f in "${files[@]}"; do
     echo "== $f"; grep -E "passed|failed|bit-exact|error|Error|rc [0-9]|==" "$out/$f.txt" | tail -8
   done
