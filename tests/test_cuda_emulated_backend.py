@@ -8,6 +8,7 @@ machine without one catches a wrong fusion, index or barrier."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from functools import partial
 
@@ -284,26 +285,71 @@ def test_prefill_norms_a_row_a_warp_are_bit_exact_in_the_emulator(case, monkeypa
     assert any(n.startswith("rms_norm_warps<") for n in launched), launched
 
 
+# the GEMM's and the prefill's cases, judged with every buffer against a guard page
+GUARDED = [c for c in CASES if c.endswith(PREFILL) and c not in SLOW
+           and c.startswith(("matmul", "fusion", "rms_norm"))]  # fmt: skip
+GUARD_SCRIPT = """
+import sys
+from cuda_emulator.backend import EmulatedCudaBackend
+from parity.backends.cuda import lowering
+from parity.conformance.harness import judge
+from parity.conformance.suite import op_suite
+from parity.core.backend import Device
+for setting in sys.argv[2:]:
+    name, value = setting.split("=")
+    setattr(lowering, name, eval(value))
+cases = {spec.id: spec for spec in op_suite()}
+for case in sys.argv[1].split(","):
+    result = judge(lambda: EmulatedCudaBackend(Device("cuda", 0), guarded=True),
+                   cases[case].build())
+    print(case, result.verdict, flush=True)
+"""
+
+
+@pytest.mark.parametrize("switches", [{}, {**PREFILL_SWITCHES, "MMA_TOKENS": 64}],
+                         ids=["shipped", "prefill-switches"])  # fmt: skip
+def test_kernels_touch_nothing_past_a_buffer_in_the_emulator(switches) -> None:
+    """The GEMM's and the prefill's cases (partial tiles of tokens and rows, biases, residuals,
+    norms a row a warp) with every value and weight ending against a page no one may touch, in
+    a process of their own: a kernel that reads or writes past a buffer (as gemm_mma's
+    epilogue once read the residual of tokens past the last) faults there, where a heap or a
+    GPU's allocator would hand it whatever lies next; and each case still bit-exact."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    settings = [f"{name}={value!r}" for name, value in switches.items()]
+    tests = str(Path(__file__).parent)
+    done = subprocess.run([sys.executable, "-c", GUARD_SCRIPT, ",".join(GUARDED), *settings],
+                          capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": tests})  # fmt: skip
+    verdicts = dict(line.split() for line in done.stdout.splitlines())
+    assert done.returncode == 0, done.stderr[-3000:] + f"\nlast done: {list(verdicts)[-1:]}"
+    assert verdicts == dict.fromkeys(GUARDED, "exact"), verdicts
+
+
 WIDE = {"head_dim": 256, "n_head": 4, "n_head_kv": 1}  # Gemma 3 270M's heads
 
 
-@pytest.mark.parametrize("arch, tiles, switched, heads", [
-    ("llama", False, False, {}), ("llama", True, False, {}), ("qwen2", True, True, {}),
-    ("gemma3", False, False, {}), ("gemma3", True, True, WIDE),
+@pytest.mark.parametrize("arch, tiles, switched, prefill_switched, heads", [
+    ("llama", False, False, False, {}), ("llama", True, False, True, {}),
+    ("qwen2", True, True, False, {}), ("qwen2", True, False, True, {}),
+    ("gemma3", False, False, False, {}), ("gemma3", True, True, False, WIDE),
+    ("gemma3", True, False, True, WIDE),
 ])  # fmt: skip
 def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
-    arch, tiles, switched, heads, monkeypatch
+    arch, tiles, switched, prefill_switched, heads, monkeypatch
 ):
     """A 40-token prefill (the int8 tensor-core GEMM; prefill attention a block a KV head's
     query heads, or with ``tiles`` a block a tile of tokens, as many as its rows hold) and two
     decode steps (GEMV, flash decoding; with ``switched`` the decode fusions that wait for a
     GPU's timing: the norms after the o and down products done by those products' last
     blocks, for Gemma 3 the head norms and ROPEs in the q/k/v launch and gate, up and GEGLU
-    as one product, and the output head by gemv_q_wide; and the prefill's: its norms a row a
-    warp, gate/up quantizing its output, Gemma 3's GEGLU in its gate/up GEMM, q, k and v as
-    one GEMM launch): every node of
-    every step bit-identical to the cpu oracle's, and the greedy tokens the same. ``heads``:
-    the spec's head shape, if not the tiny one's."""
+    as one product, and the output head by gemv_q_wide; with ``prefill_switched`` the
+    prefill's: its norms a row a warp, gate/up quantizing its output, Gemma 3's GEGLU in its
+    gate/up GEMM, q, k and v as one GEMM launch): every node of every step bit-identical to
+    the cpu oracle's, and the greedy tokens the same. ``heads``: the spec's head shape, if not
+    the tiny one's."""
     from cuda_emulator.backend import EmulatedDriver
 
     from parity.arch.synthetic import synthetic_model, tiny_spec
@@ -325,7 +371,7 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     for switch in DECODE_SWITCHES:
         monkeypatch.setattr(lowering, switch, switched)
     for switch, on in PREFILL_SWITCHES.items():
-        monkeypatch.setattr(lowering, switch, on if switched else getattr(lowering, switch))
+        monkeypatch.setattr(lowering, switch, on if prefill_switched else getattr(lowering, switch))
     spec, weights = synthetic_model(tiny_spec(arch, n_ctx_train=1024, **heads), seed=5)
     prompt = [(7 * i) % 500 + 1 for i in range(40)]
     report = compare_steps(arch, spec, weights, prompt, 3, lambda: CpuBackend(Device("cpu")),
@@ -334,13 +380,16 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     assert report.identical_share == 1.0 and report.tokens_agree == 3
     prefill = "attention_tiles" if tiles else "attention_rows_gqa"
     kernels = ["gemm_mma", prefill, "gemv_q_multi", "attention_chunks"]
-    prefill_switched = ["rms_norm_warps", "gemm_mma_multi"]
-    for kernel in kernels + (["gemv_q_norm", "gemv_q_wide", *prefill_switched]) * switched:
+    kernels += ["gemv_q_norm", "gemv_q_wide"] * switched
+    kernels += ["rms_norm_warps", "gemm_mma_multi"] * prefill_switched
+    for kernel in kernels:
         assert launched[kernel] > 0, launched
     assert switched or not launched["gemv_q_norm"]
-    if switched and arch == "gemma3":  # ROPEs launched alone by the prefill only; its GEGLU
-        assert launched["rope_f32"] == spec.n_layer, launched  # in the gate/up GEMM
-        assert launched["glu_f32"] == 0, launched
+    assert prefill_switched or not launched["rms_norm_warps"] + launched["gemm_mma_multi"]
+    if switched and arch == "gemma3":  # ROPEs and GEGLU launched alone by the prefill only
+        assert launched["rope_f32"] == launched["glu_f32"] == spec.n_layer, launched
+    if prefill_switched and arch == "gemma3":  # GEGLU by the decode steps only
+        assert launched["glu_f32"] == 2 * spec.n_layer, launched
 
 
 @pytest.mark.parametrize("reverse", [False, True])

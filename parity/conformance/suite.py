@@ -474,6 +474,11 @@ def op_suite() -> list[CaseSpec]:
         _spec("matmul-Q5_0-bias-128x896-t3", Op.MATMUL, DType.Q5_0,
               _matmul(DType.Q5_0, 128, 896, 3, bias=True))
     )  # fmt: skip
+    # a prefill's product with a bias, rows not a multiple of a GEMM tile's 32
+    specs.append(
+        _spec("matmul-Q5_0-bias-40x256-t12", Op.MATMUL, DType.Q5_0,
+              _matmul(DType.Q5_0, 40, 256, 12, bias=True))
+    )  # fmt: skip
     for dtype, k in ((DType.Q8_0, 576), (DType.Q5_0, 896), (DType.Q8_0, 896)):
         specs.append(
             _spec(f"get_rows-{dtype.name}-4099x{k}", Op.GET_ROWS, dtype, _get_rows(dtype, 4099, k))
@@ -644,8 +649,9 @@ def fused_suite() -> list[CaseSpec]:
         add(f"rms_norm_mul-{width}", Op.RMS_NORM_MUL, F32, _rms_norm_mul(width, spec.rms_eps))
     # a prefill's rows (a GPU backend may norm them a row a warp): the three models' widths, a
     # head's, and rows of 90 (runs of 4 slots, the last lane's half padding, rows not 16-byte
-    # aligned)
-    for width, rows in ((576, 40), (896, 40), (640, 40), (256, 70), (90, 12)):
+    # aligned), 320 (16 a lane, lanes past the row) and 16 (a slot a lane, half the lanes)
+    for width, rows in ((576, 40), (896, 40), (640, 40), (256, 70), (90, 12), (320, 12),
+                        (16, 12)):  # fmt: skip
         add(f"rms_norm_mul-{width}-t{rows}", Op.RMS_NORM_MUL, F32,
             _rms_norm_mul(width, smollm.rms_eps, rows))  # fmt: skip
     for dtype in WEIGHT_TYPES:
@@ -756,10 +762,11 @@ def fused_suite() -> list[CaseSpec]:
     # product's last block), and Gemma 3's chain of norm, ADD and norm, 1,152 wide (Gemma 3
     # 1B's width: runs of 16 squares in a block of 128 threads)
     # (and prefills of 40 tokens: a GPU backend may norm their rows a warp each, 1,152 wide:
-    # runs of 64 slots a lane)
+    # runs of 64 slots a lane; 64 wide: a Q8 block on 16 lanes, two values each)
     for dtype, e, k, t, chained in ((DType.Q4_1, 576, 1536, 1, False),
                                     (DType.Q5_0, 896, 896, 7, False),
                                     (DType.Q4_1, 576, 256, 40, False),
+                                    (DType.Q4_1, 64, 256, 40, False),
                                     (DType.Q8_0, 1152, 640, 1, True),
                                     (DType.Q8_0, 1152, 640, 3, True),
                                     (DType.Q8_0, 1152, 256, 40, True)):  # fmt: skip

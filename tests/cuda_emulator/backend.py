@@ -60,13 +60,16 @@ class EmulatedDriver:
 class EmulatedCudaBackend(CudaBackend):
     """``CudaBackend`` with the emulator for the GPU (see the module's docstring)."""
 
-    def __init__(self, device: Device, **kwargs: Any) -> None:
+    def __init__(self, device: Device, guarded: bool = False, **kwargs: Any) -> None:
+        """``guarded``: every value and weight ends against a page no one may touch
+        (``cuda_emulator.guarded``), so a kernel that reads past one faults."""
         GpuBackend.__init__(self, device, **kwargs)
+        from cuda_emulator.guarded import GuardedHostRuntime
         from parity.backends.gpu.host import HostRuntime
 
         self.pdl = False
         self.multiprocessors = 1  # (wide grids of a few blocks in tests)
-        self.rt = HostRuntime()
+        self.rt = GuardedHostRuntime() if guarded else HostRuntime()
         self.rt.handle = 0  # (the stream the launches name: none, they run at once)
         self.library = EmulatedLibrary()
         self.driver = EmulatedDriver(self.library)

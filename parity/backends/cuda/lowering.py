@@ -88,10 +88,11 @@ NORM_THREADS = 1024  # norm.cuh's
 # step): any power of two from 32 to NORM_THREADS, each thread then taking a longer run of
 # the squares' TREE (the same tree). Until a GPU times fewer: NORM_THREADS
 NORM_DECODE_THREADS = NORM_THREADS
-# a prefill's norms (more rows than GEMV_TOKENS' last) a row a warp (rows.cu's rms_norm_warps:
-# runs of next_pow2(width) / 32 slots a lane in registers, the same tree) for rows up to this
-# wide (at most NORM_WARP_RUN_MAX * 32), where rms_norm_f32 gives a row 1,024 threads and
-# three barriers; 0: off, until a GPU times it
+# a launch's norms of more rows than GEMV_TOKENS' last (a prefill's, or the head norms of a
+# step of a few tokens) a row a warp (rows.cu's rms_norm_warps: runs of next_pow2(width) / 32
+# slots a lane in registers, the same tree) for rows up to this wide (at most
+# NORM_WARP_RUN_MAX * 32), where rms_norm_f32 gives a row 1,024 threads and three barriers;
+# 0: off, until a GPU times it
 NORM_WARP_WIDTH_MAX = 0
 NORM_WARP_RUN_MAX = 64  # slots a lane (norm.cuh's norm_job_warp holds its run in registers)
 NORM_WARP_ROWS = 2  # ... rows (warps) a block: 256 blocks for 512 rows (a lane's run of 32

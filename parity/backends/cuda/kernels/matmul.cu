@@ -1032,8 +1032,9 @@ __device__ __forceinline__ void gemm_mma_tile(int bx, int by, float* y, Q8 x, co
         const float v2 = G::NMAT == 2 ? tree_finish_at(tree + (4 + e) * THREADS, LEVEL,
                                                         stages * G::SUBS, W)
                                       : 0.0f;
-        out[e] = epilogue<EPI>(v, v2, bias, res, t, n, N);
+        out[e] = 0.0f;  // (a row or token past the end: no bias or residual to read)
         if (t < T && n < N) {
+            out[e] = epilogue<EPI>(v, v2, bias, res, t, n, N);
             y[(i64)t * N + n] = out[e];
             if (G::NMAT == 2 && more.gate != nullptr) {
                 more.gate[(i64)t * N + n] = v;

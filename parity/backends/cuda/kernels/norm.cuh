@@ -296,10 +296,12 @@ __device__ __forceinline__ void norm_run(float (&v)[R], i8* q, float* qd, float*
         float amax = 0.0f;  // (+0.0: |x| >= +0, and a NaN wins max_nan)
 #pragma unroll
         for (int i = 0; i < E; ++i) amax = max_nan(amax, fabsf(v[k * E + i]));
+        if (R < 32) {  // (a block on 32 / R lanes)
 #pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-            const float o = __shfl_xor_sync(FULL_MASK, amax, off);
-            if (off * R < 32) amax = max_nan(amax, o);
+            for (int off = 1; off < 32; off <<= 1) {
+                const float o = __shfl_xor_sync(FULL_MASK, amax, off);
+                if (off * R < 32) amax = max_nan(amax, o);
+            }
         }
         const float d = __fdiv_rn(amax, 127.0f);
         int isum = 0, qv[E];
@@ -308,18 +310,21 @@ __device__ __forceinline__ void norm_run(float (&v)[R], i8* q, float* qd, float*
             qv[i] = quant_value(v[k * E + i], d);
             isum += qv[i];
         }
+        if (R < 32) {
 #pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-            const int o = __shfl_xor_sync(FULL_MASK, isum, off);
-            if (off * R < 32) isum += o;
+            for (int off = 1; off < 32; off <<= 1) {
+                const int o = __shfl_xor_sync(FULL_MASK, isum, off);
+                if (off * R < 32) isum += o;
+            }
         }
         if (k * E < n) {
             i8* out = q + at + k * E;
             if (E % 4 == 0) {  // (rows of a multiple of 32 bytes: 4-byte aligned runs)
 #pragma unroll
                 for (int i = 0; i < E; i += 4)
-                    *reinterpret_cast<int*>(out + i) = (qv[i] & 0xff) | (qv[i + 1] & 0xff) << 8 |
-                                                       (qv[i + 2] & 0xff) << 16 | qv[i + 3] << 24;
+                    *reinterpret_cast<u32*>(out + i) =
+                        (u32)(qv[i] & 0xff) | (u32)(qv[i + 1] & 0xff) << 8 |
+                        (u32)(qv[i + 2] & 0xff) << 16 | (u32)(qv[i + 3] & 0xff) << 24;
             } else {
 #pragma unroll
                 for (int i = 0; i < E; ++i) out[i] = (i8)qv[i];

@@ -101,8 +101,9 @@ __global__ void __launch_bounds__(NORM_THREADS) rms_norm_f32(NormRows args) {
 }
 
 // A prefill's norms: a row a warp (norm.cuh's norm_job_warp, runs of R = next_pow2(width) / 32
-// slots a lane), blockDim.x / 32 rows a block (the lowering's NORM_WARP_ROWS); no barrier, and
-// no thread idle on rows narrower than rms_norm_f32's 1,024 threads (Gemma 3's heads of 256)
+// slots a lane), blockDim.x / 32 rows a block (the lowering's NORM_WARP_ROWS): no barrier, and
+// a row narrower than rms_norm_f32's 1,024 threads (Gemma 3's heads of 256) takes a warp, not
+// a block
 template <int R>
 __global__ void __launch_bounds__(256) rms_norm_warps(NormRows args) {
     pdl_begin();
