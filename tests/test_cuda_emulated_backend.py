@@ -276,6 +276,17 @@ def test_decode_norms_of_fewer_threads_are_bit_exact_in_the_emulator(case, threa
 PREFILL_NORMS = [c for c in NORMS if c.endswith(PREFILL)]
 
 
+@pytest.mark.parametrize("threads", [128, 256])
+@pytest.mark.parametrize("case", PREFILL_NORMS)
+def test_prefill_norms_of_fewer_threads_are_bit_exact_in_the_emulator(case, threads, monkeypatch):
+    """NORM_PREFILL_THREADS: a prefill's norms by blocks of fewer threads than 1,024 (a row a
+    block, each thread a run of up to 8 slots in registers, 1,152 wide: 16 at 128), the same
+    tree, the same bits."""
+    launched = _judge_with(case, monkeypatch, NORM_PREFILL_THREADS=threads)
+    blocks = [block for name, block in launched if name == "rms_norm_f32"]
+    assert threads in blocks, blocks
+
+
 @pytest.mark.parametrize("case", PREFILL_NORMS)
 def test_prefill_norms_a_row_a_warp_are_bit_exact_in_the_emulator(case, monkeypatch):
     """NORM_WARP_WIDTH_MAX: a prefill's norms a row a warp (runs of 4 to 64 slots a lane in

@@ -88,6 +88,10 @@ NORM_THREADS = 1024  # norm.cuh's
 # step): any power of two from 32 to NORM_THREADS, each thread then taking a longer run of
 # the squares' TREE (the same tree). Until a GPU times fewer: NORM_THREADS
 NORM_DECODE_THREADS = NORM_THREADS
+# ... and a prefill's (rms_norm_f32 a row a block; the ninth session's H200 A/B: 15 us a launch
+# of 512 rows at 1,024 threads, and about 18-30 us a row a warp, below), the same choices; until
+# a GPU times fewer: NORM_THREADS
+NORM_PREFILL_THREADS = NORM_THREADS
 # a launch's norms of more rows than GEMV_TOKENS' last (a prefill's, or the head norms of a
 # step of a few tokens) a row a warp (rows.cu's rms_norm_warps: runs of next_pow2(width) / 32
 # slots a lane in registers, the same tree) for rows up to this wide (at most
@@ -487,7 +491,7 @@ class Lowering:
             self._launch("rows.cu", f"rms_norm_warps<{run}>", (-(-rows // NORM_WARP_ROWS), 1, 1),
                          (32 * NORM_WARP_ROWS, 1, 1), [a])  # fmt: skip
             return
-        threads = NORM_DECODE_THREADS if rows <= GEMV_TOKENS[-1] else NORM_THREADS
+        threads = NORM_DECODE_THREADS if rows <= GEMV_TOKENS[-1] else NORM_PREFILL_THREADS
         threads = max(threads, next_pow2(a.width) // 256)  # (norm.cuh: 256 squares a thread)
         self._launch("rows.cu", "rms_norm_f32", (rows, 1, 1), (threads, 1, 1), [a],
                      a.width * 4 if quantized else 0)  # fmt: skip

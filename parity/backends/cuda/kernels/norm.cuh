@@ -226,47 +226,61 @@ __device__ __forceinline__ NormJob pick_job(const NormRows& a, bool second) {
     return j;
 }
 
-// R values of a row from ``p`` (n of them, the rest +0.0): four at a time where the run is
-// whole and 16-byte aligned
+// A lane's run of R values of a row of ``width`` (``row``: its first), from slot ``start``: the
+// slots past the row read as +0.0. Four at a time where the row is 16-byte aligned and its
+// width a multiple of four, so that each group of four is inside the row or past it whole.
+// That choice is the row's, the same for every lane of the warp: lanes of one warp taking the
+// two paths apart (a choice made per lane, by whether its own run is whole) gave wrong rows
+// and writes past the buffer on an H200 and not in the emulator (docs/perf.md, ninth session).
 template <int R>
-__device__ __forceinline__ void load_run(float (&v)[R], const float* p, int n) {
-    if (R % 4 == 0 && n == R && (reinterpret_cast<size_t>(p) & 15) == 0) {
+__device__ __forceinline__ bool run_in_fours(const float* row, int width) {
+    return R % 4 == 0 && width % 4 == 0 && (reinterpret_cast<size_t>(row) & 15) == 0;
+}
+
+template <int R>
+__device__ __forceinline__ void load_run(float (&v)[R], const float* row, int start, int width) {
+    const float* p = row + start;
+    if (run_in_fours<R>(row, width)) {
 #pragma unroll
         for (int i = 0; i < R; i += 4) {
-            const float4 f = *reinterpret_cast<const float4*>(p + i);
+            float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (start + i < width) f = *reinterpret_cast<const float4*>(p + i);
             v[i] = f.x, v[i + 1] = f.y, v[i + 2] = f.z, v[i + 3] = f.w;
         }
-        return;
-    }
+    } else {
 #pragma unroll
-    for (int i = 0; i < R; ++i) v[i] = i < n ? p[i] : 0.0f;
+        for (int i = 0; i < R; ++i) v[i] = start + i < width ? p[i] : 0.0f;
+    }
 }
 
 template <int R>
-__device__ __forceinline__ void store_run(float* p, const float (&v)[R], int n) {
-    if (R % 4 == 0 && n == R && (reinterpret_cast<size_t>(p) & 15) == 0) {
+__device__ __forceinline__ void store_run(float* row, const float (&v)[R], int start, int width) {
+    float* p = row + start;
+    if (run_in_fours<R>(row, width)) {
 #pragma unroll
-        for (int i = 0; i < R; i += 4)
-            *reinterpret_cast<float4*>(p + i) = make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]);
-        return;
-    }
+        for (int i = 0; i < R; i += 4) {
+            if (start + i < width)
+                *reinterpret_cast<float4*>(p + i) = make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]);
+        }
+    } else {
 #pragma unroll
-    for (int i = 0; i < R; ++i) {
-        if (i < n) p[i] = v[i];
+        for (int i = 0; i < R; ++i) {
+            if (start + i < width) p[i] = v[i];
+        }
     }
 }
 
-// norm_row by one warp: lane l holds the aligned run [lR, lR + R) of the W = next_pow2(width)
-// slots, R = W / 32 (or 1, lanes < W, when W < 32), n of them the row's and the rest +0.0, so
-// its squares' pairwise sums are the TREE's subtree of those slots (a padding subtree is +0.0
-// and adding +0.0 to a sum of squares leaves it as it is, as tree_finish's padding does), and
-// the butterfly over the P = W / R lanes adds the subtrees. The run stays in registers: v
+// norm_row by one warp: lane l holds in v the aligned run [lR, lR + R) of the W =
+// next_pow2(width) slots, R = W / 32 (or 1, lanes < W, when W < 32), the slots from ``width``
+// on +0.0, so its squares' pairwise sums are the TREE's subtree of those slots (a padding
+// subtree is +0.0, and adding +0.0 to a sum of squares leaves it as it is, as tree_finish's
+// padding does), and the butterfly over the P = W / R lanes adds the subtrees. The run stays in registers: v
 // becomes the row's y, and its quantization's 32-value blocks are whole runs (R >= 32: R / 32
 // blocks a lane) or span 32 / R lanes (the max and the integer sum: exact in any order,
 // quantize_block's values). The operations are norm_row's, in its order.
 template <int R>
 __device__ __forceinline__ void norm_run(float (&v)[R], i8* q, float* qd, float* qs,
-                                         const float* w, float eps, int width, i64 row, int n) {
+                                         const float* w, float eps, int width, i64 row) {
     const int lane = threadIdx.x & 31, start = lane * R, P = next_pow2(width) / R;
     float sq[R];
 #pragma unroll
@@ -279,7 +293,7 @@ __device__ __forceinline__ void norm_run(float (&v)[R], i8* q, float* qd, float*
     const float scale = rms_scale(warp_tree(lane < P ? sq[0] : 0.0f, P), width, eps);
     if (w != nullptr) {
         float wv[R];
-        load_run<R>(wv, w + start, n);
+        load_run<R>(wv, w, start, width);
 #pragma unroll
         for (int i = 0; i < R; ++i) v[i] = __fmul_rn(__fmul_rn(v[i], scale), wv[i]);
     } else {
@@ -317,7 +331,7 @@ __device__ __forceinline__ void norm_run(float (&v)[R], i8* q, float* qd, float*
                 if (off * R < 32) isum += o;
             }
         }
-        if (k * E < n) {
+        if (start + k * E < width) {
             i8* out = q + at + k * E;
             if (E % 4 == 0) {  // (rows of a multiple of 32 bytes: 4-byte aligned runs)
 #pragma unroll
@@ -342,21 +356,21 @@ __device__ __forceinline__ void norm_run(float (&v)[R], i8* q, float* qd, float*
 // of the sum from the sum's values in registers
 template <int R>
 __device__ __forceinline__ void norm_job_warp(const NormJob& j, int width, i64 row) {
-    const int start = (threadIdx.x & 31) * R, n = max(0, min(R, width - start));
-    const i64 at = row * width + start;
+    const int start = (threadIdx.x & 31) * R;
+    const i64 at = row * width;  // the row's first value
     float v[R];
-    load_run<R>(v, j.x + at, n);
-    norm_run<R>(v, j.q, j.qd, j.qs, j.w, j.eps, width, row, n);
-    if (j.y != nullptr) store_run<R>(j.y + at, v, n);
+    load_run<R>(v, j.x + at, start, width);
+    norm_run<R>(v, j.q, j.qd, j.qs, j.w, j.eps, width, row);
+    if (j.y != nullptr) store_run<R>(j.y + at, v, start, width);
     if (j.sum == nullptr) return;
     float r[R];
-    load_run<R>(r, j.res + at, n);
+    load_run<R>(r, j.res + at, start, width);
 #pragma unroll
-    for (int i = 0; i < R; ++i) v[i] = i < n ? __fadd_rn(r[i], v[i]) : 0.0f;
-    store_run<R>(j.sum + at, v, n);
+    for (int i = 0; i < R; ++i) v[i] = start + i < width ? __fadd_rn(r[i], v[i]) : 0.0f;
+    store_run<R>(j.sum + at, v, start, width);
     if (j.y2 == nullptr) return;
-    norm_run<R>(v, j.q2, j.qd2, j.qs2, j.w2, j.eps2, width, row, n);
-    store_run<R>(j.y2 + at, v, n);
+    norm_run<R>(v, j.q2, j.qd2, j.qs2, j.w2, j.eps2, width, row);
+    store_run<R>(j.y2 + at, v, start, width);
 }
 
 // row ``row`` of a job: its norm, and the norm of the sum after it when the job has one
