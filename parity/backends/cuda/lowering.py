@@ -57,8 +57,9 @@ GEMM_TILE = {False: (32, 64), True: (32, 32)}  # (rows, tokens) per block; gated
 MMA_TILE = 32  # rows of a gemm_mma block (matmul.cu's MmaGeom BN)
 # ... and its tokens (BT; 8 BT threads): 32, or 64 for a stage's weights unpacked once for
 # twice the tokens (a third of Qwen's gate/up GEMM's instructions unpack them at 32:
-# docs/perf.md), one block of 16 warps a multiprocessor instead of two of 8. Until a GPU times
-# it: 32
+# docs/perf.md), one block of 16 warps a multiprocessor instead of two of 8. On the H200
+# (ninth session, one round, with other switches): Qwen's Q6_K and Q4_K down products 12 and
+# 6 % faster at 64, the gated and SmolLM2's Q4_1 products 3-16 % slower: 32
 MMA_TOKENS = 32
 # ... and the blocks a multiprocessor should hold (its __launch_bounds__' minimum): 2, 128
 # registers; 3 caps them at 80 (12-56 bytes spilled) for 24 warps a multiprocessor instead of
@@ -68,15 +69,17 @@ MMA_TOKENS = 32
 MMA_MIN_BLOCKS = 2
 # a prefill product read by a QUANTIZE (SWIGLU's, before down) quantizes its output in its
 # epilogue, a Q8 block of each of its tokens a block (matmul.cu's gemm_mma), where a
-# quantize_q8 launch read it back; off until a GPU times it
+# quantize_q8 launch read it back (bit-exact on the H200; timed only with other switches:
+# off until timed alone)
 MMA_QUANTIZE = False
 # ... and a prefill's gate and up products with their GEGLU (Gemma 3's; SWIGLU comes fused from
 # the graph's rewrite) and its QUANTIZE: one gated gemm_mma launch (the products' values
-# written too), where two products and a glu_f32 launch were; with MMA_QUANTIZE, off until a
-# GPU times it
+# written too), where two products and a glu_f32 launch were; with MMA_QUANTIZE (bit-exact on
+# the H200; off until timed alone)
 MMA_GLU = False
 # a prefill's products of one x by weights of one width (q, k and v) as one gemm_mma_multi
-# launch, so that k's and v's few row tiles run beside q's; off until a GPU times it
+# launch, so that k's and v's few row tiles run beside q's (bit-exact on the H200, the three
+# products 21-37 % less time with 64-token tiles; off until timed alone)
 MMA_MULTI = False
 MMA_WSTRIDE = 80  # words of a row of its unpacked quants
 MMA_BLOCK_PAIRS = 10  # (d, s) pairs a token's row of activation blocks takes (MmaGeom::DS)
@@ -95,8 +98,9 @@ NORM_PREFILL_THREADS = NORM_THREADS
 # a launch's norms of more rows than GEMV_TOKENS' last (a prefill's, or the head norms of a
 # step of a few tokens) a row a warp (rows.cu's rms_norm_warps: runs of next_pow2(width) / 32
 # slots a lane in registers, the same tree) for rows up to this wide (at most
-# NORM_WARP_RUN_MAX * 32), where rms_norm_f32 gives a row 1,024 threads and three barriers;
-# 0: off, until a GPU times it
+# NORM_WARP_RUN_MAX * 32), where rms_norm_f32 gives a row 1,024 threads and three barriers.
+# On the H200: 5.5 us a launch of Gemma 3's heads of 256, and slower than rms_norm_f32 at
+# 576-896 wide (and wrong there until 8aacc5a, not yet rerun: docs/perf.md). 0: off
 NORM_WARP_WIDTH_MAX = 0
 NORM_WARP_RUN_MAX = 64  # slots a lane (norm.cuh's norm_job_warp holds its run in registers)
 NORM_WARP_ROWS = 2  # ... rows (warps) a block: 256 blocks for 512 rows (a lane's run of 32
