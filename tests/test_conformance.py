@@ -353,7 +353,9 @@ def test_pytest_plugin_in_an_empty_repository(sloppy_plugin, tmp_path):
     repo = tmp_path / "author-repo"
     repo.mkdir()
     ok = _pytest(repo, "--parity-backend", "cpu", "-k", "rms_norm or rope and not attention")
-    assert ok.returncode == 0 and "9 passed" in ok.stdout, ok.stdout + ok.stderr  # with _mul
+    chosen = sum("rms_norm" in c or ("rope" in c and "attention" not in c) for c in SUITE)
+    assert chosen > 2 and ok.returncode == 0, ok.stdout + ok.stderr  # (with _mul)
+    assert f"{chosen} passed" in ok.stdout, ok.stdout
     bad = _pytest(repo, "--parity-backend", "sloppy", "-k", "swiglu")
     assert bad.returncode == 1 and "2 failed" in bad.stdout, bad.stdout + bad.stderr
     assert "SWIGLU[4, 576]" in bad.stdout and "declared tier: exact" in bad.stdout
