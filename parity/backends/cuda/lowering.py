@@ -260,6 +260,19 @@ def gemm_mma_shared(dtype: DType, gated: bool, k: int, tokens: int = 32) -> int 
     return weights + activations + levels * nmat * 4 * (8 * tokens) * 4  # 4 outputs a thread
 
 
+def takes_mma(dtype: DType, gated: bool, k: int) -> bool:
+    """Whether a prefill's product of weights of ``dtype`` over K = ``k`` takes gemm_mma."""
+    return dtype.is_quantized and gemm_mma_shared(dtype, gated, k, MMA_TOKENS) is not None
+
+
+def mma_variant() -> str:
+    """gemm_mma's (and gemm_mma_multi's) template arguments after the types and epilogue:
+    MINB and BT where the switches leave their defaults."""
+    if MMA_TOKENS != 32:  # (16 warps: one block a multiprocessor, its registers' bound)
+        return f", 1, {MMA_TOKENS}"
+    return f", {MMA_MIN_BLOCKS}" if MMA_MIN_BLOCKS != 2 else ""
+
+
 def tree_levels(width: int) -> int:
     """MAXL for a TREE of ``width`` leaves (a power of two): its levels plus one."""
     return width.bit_length()
@@ -873,11 +886,7 @@ class Lowering:
         tokens = MMA_TOKENS
         shared = gemm_mma_shared(w.dtype, gated, k, tokens)
         if shared is not None:  # the tensor-core GEMM
-            mma = f"{w.dtype.value}, {epi}"
-            if tokens != 32:  # (16 warps: one block a multiprocessor, its registers' bound)
-                mma += f", 1, {tokens}"
-            elif MMA_MIN_BLOCKS != 2:
-                mma += f", {MMA_MIN_BLOCKS}"
+            mma = f"{w.dtype.value}, {epi}{mma_variant()}"
             more = MmaMoreArg()
             fused = MMA_QUANTIZE and q8 is not None and n % 32 == 0
             if fused:
@@ -950,8 +959,7 @@ class Lowering:
             fits = GLU_IN_PRODUCT
         else:
             w = nodes[node.src[1]]
-            mma = w.dtype.is_quantized and gemm_mma_shared(w.dtype, True, w.shape[1], MMA_TOKENS)
-            fits = MMA_GLU and MMA_QUANTIZE and mma is not None
+            fits = MMA_GLU and MMA_QUANTIZE and takes_mma(w.dtype, True, w.shape[1])
         if not fits or len(node.src) != 2 or n % 32 or nodes[x].dtype is not DType.Q8A:
             return None
         glus = [u for u in self.readers.get(i, []) if u in self.inside and u not in self.done
@@ -984,8 +992,7 @@ class Lowering:
 
         def mma(u: int) -> bool:
             w = nodes[nodes[u].src[1]]
-            return w.dtype.is_quantized and gemm_mma_shared(w.dtype, False, w.shape[1],
-                                                            MMA_TOKENS) is not None  # fmt: skip
+            return takes_mma(w.dtype, False, w.shape[1])
 
         if prefill and not mma(i):
             return []
@@ -1025,11 +1032,7 @@ class Lowering:
             segs = self._segments(slots, k, MMA_TILE)
             types = {common, qt2}
             shared = max(gemm_mma_shared(dtype, False, k, MMA_TOKENS) or 0 for dtype in types)
-            kind = f"{common.value}, {qt2.value}, {epi}"
-            if MMA_TOKENS != 32:
-                kind += f", 1, {MMA_TOKENS}"
-            elif MMA_MIN_BLOCKS != 2:
-                kind += f", {MMA_MIN_BLOCKS}"
+            kind = f"{common.value}, {qt2.value}, {epi}{mma_variant()}"
             self._launch("matmul.cu", f"gemm_mma_multi<{kind}>",
                          (segs.blocks, -(-t // MMA_TOKENS), 1), (8 * MMA_TOKENS, 1, 1),
                          [segs.arg, xq, t, k], shared)  # fmt: skip
