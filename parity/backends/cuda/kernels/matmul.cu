@@ -850,7 +850,6 @@ struct MmaMore {
     float* s;
 };
 
-// (MINB: blocks a multiprocessor, the lowering's; BT: tokens a block)
 // The tile of rows [32 bx, 32 bx + 32) and tokens [BT by, BT by + BT) of a product: gemm_mma's
 // block, and each block of gemm_mma_multi's
 template <int QT, int EPI, int BT>
