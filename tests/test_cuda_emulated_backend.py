@@ -97,14 +97,18 @@ SWITCHED = {
     "WIDE_FIT_ROW": ("-wide-", ", 3, 1, 0>"),  # (gemv_q_wide's PER: rows of 256, one load)
     "ARGMAX_IN_HEAD": ("head-argmax", ", 1>"),
 }
-# ... and the prefill's (off until a GPU has timed them): norms a row a warp, gate/up
-# quantizing its output, Gemma 3's gate, up and GEGLU as one GEMM, q, k and v as one launch
+# ... and the prefill's (on since the tenth session's A/B, norms a row a warp up to 256 wide):
+# norms a row a warp at every width, gate/up quantizing its output, Gemma 3's gate, up and
+# GEGLU as one GEMM, q, k and v as one launch; the tiny models run with all of them and with
+# none (the kernels they replace still run where a switch's condition does not hold)
 PREFILL_SWITCHES = {
     "NORM_WARP_WIDTH_MAX": 2048,
     "MMA_QUANTIZE": True,
     "MMA_GLU": True,
     "MMA_MULTI": True,
 }
+PREFILL_OFF = {"NORM_WARP_WIDTH_MAX": 0, "MMA_QUANTIZE": False, "MMA_GLU": False,
+               "MMA_MULTI": False}  # fmt: skip
 DECODE_SWITCHES = ("NORM_AFTER_PRODUCT", "QKV_HEAD_NORMS", "GLU_IN_PRODUCT", "WIDE_GEMV",
                    "WIDE_FIT_ROW", "ARGMAX_IN_HEAD")  # fmt: skip
 
@@ -276,13 +280,13 @@ def test_decode_norms_of_fewer_threads_are_bit_exact_in_the_emulator(case, threa
 PREFILL_NORMS = [c for c in NORMS if c.endswith(PREFILL)]
 
 
-@pytest.mark.parametrize("threads", [128, 256])
+@pytest.mark.parametrize("threads", [128, 256, 1024])
 @pytest.mark.parametrize("case", PREFILL_NORMS)
-def test_prefill_norms_of_fewer_threads_are_bit_exact_in_the_emulator(case, threads, monkeypatch):
-    """NORM_PREFILL_THREADS: a prefill's norms by blocks of fewer threads than 1,024 (a row a
-    block, each thread a run of up to 8 slots in registers, 1,152 wide: 16 at 128), the same
-    tree, the same bits."""
-    launched = _judge_with(case, monkeypatch, NORM_PREFILL_THREADS=threads)
+def test_prefill_norms_of_any_threads_are_bit_exact_in_the_emulator(case, threads, monkeypatch):
+    """NORM_PREFILL_THREADS: a prefill's norms a row a block of 128 to 1,024 threads (each
+    thread a run of up to 8 slots in registers, 1,152 wide: 16 at 128), none a row a warp; the
+    same tree, the same bits."""
+    launched = _judge_with(case, monkeypatch, NORM_PREFILL_THREADS=threads, NORM_WARP_WIDTH_MAX=0)
     blocks = [block for name, block in launched if name == "rms_norm_f32"]
     assert threads in blocks, blocks
 
@@ -359,9 +363,9 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     blocks, for Gemma 3 the head norms and ROPEs in the q/k/v launch and gate, up and GEGLU
     as one product, and the output head by gemv_q_wide; with ``prefill_switched`` the
     prefill's: its norms a row a warp, gate/up quantizing its output, Gemma 3's GEGLU in its
-    gate/up GEMM, q, k and v as one GEMM launch): every node of every step bit-identical to
-    the cpu oracle's, and the greedy tokens the same. ``heads``: the spec's head shape, if not
-    the tiny one's."""
+    gate/up GEMM, q, k and v as one GEMM launch; without it, none of them): every node of
+    every step bit-identical to the cpu oracle's, and the greedy tokens the same. ``heads``:
+    the spec's head shape, if not the tiny one's."""
     from cuda_emulator.backend import EmulatedDriver
 
     from parity.arch.synthetic import synthetic_model, tiny_spec
@@ -382,8 +386,8 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     monkeypatch.setattr(lowering, "TILE_BLOCKS", 1)  # (40 tokens: else a token a block)
     for switch in DECODE_SWITCHES:
         monkeypatch.setattr(lowering, switch, switched)
-    for switch, on in PREFILL_SWITCHES.items():
-        monkeypatch.setattr(lowering, switch, on if prefill_switched else getattr(lowering, switch))
+    for switch, value in (PREFILL_SWITCHES if prefill_switched else PREFILL_OFF).items():
+        monkeypatch.setattr(lowering, switch, value)
     spec, weights = synthetic_model(tiny_spec(arch, n_ctx_train=1024, **heads), seed=5)
     prompt = [(7 * i) % 500 + 1 for i in range(40)]
     report = compare_steps(arch, spec, weights, prompt, 3, lambda: CpuBackend(Device("cpu")),

@@ -69,18 +69,20 @@ MMA_TOKENS = 32
 MMA_MIN_BLOCKS = 2
 # a prefill product read by a QUANTIZE (SWIGLU's, before down) quantizes its output in its
 # epilogue, a Q8 block of each of its tokens a block (matmul.cu's gemm_mma), where a
-# quantize_q8 launch read it back (bit-exact on the H200; timed only with other switches:
-# off until timed alone)
-MMA_QUANTIZE = False
+# quantize_q8 launch read it back (bit-exact on the H200 and H100; tenth session, H100, one
+# round: the 512-token prefill within 1 % alone, and the gated launches need it: on)
+MMA_QUANTIZE = True
 # ... and a prefill's gate and up products with their GEGLU (Gemma 3's; SWIGLU comes fused from
 # the graph's rewrite) and its QUANTIZE: one gated gemm_mma launch (the products' values
 # written too), where two products and a glu_f32 launch were; with MMA_QUANTIZE (bit-exact on
-# the H200; off until timed alone)
-MMA_GLU = False
+# the H200 and H100; tenth session, H100: Gemma 3's 512-token prefill 6.98 -> 6.79 ms with
+# MMA_QUANTIZE: on)
+MMA_GLU = True
 # a prefill's products of one x by weights of one width (q, k and v) as one gemm_mma_multi
 # launch, so that k's and v's few row tiles run beside q's (bit-exact on the H200, the three
-# products 21-37 % less time with 64-token tiles; off until timed alone)
-MMA_MULTI = False
+# products 21-37 % less time with 64-token tiles; tenth session, H100, alone: the 512-token
+# prefill 6.75 -> 6.39 / 11.45 -> 11.10 / 6.98 -> 6.74 ms on the three twins: on)
+MMA_MULTI = True
 MMA_WSTRIDE = 80  # words of a row of its unpacked quants
 MMA_BLOCK_PAIRS = 10  # (d, s) pairs a token's row of activation blocks takes (MmaGeom::DS)
 ATTENTION_DIMS = (64, 128, 256)
@@ -92,16 +94,19 @@ NORM_THREADS = 1024  # norm.cuh's
 # the squares' TREE (the same tree). Until a GPU times fewer: NORM_THREADS
 NORM_DECODE_THREADS = NORM_THREADS
 # ... and a prefill's (rms_norm_f32 a row a block; the ninth session's H200 A/B: 15 us a launch
-# of 512 rows at 1,024 threads, and about 18-30 us a row a warp, below), the same choices; until
-# a GPU times fewer: NORM_THREADS
-NORM_PREFILL_THREADS = NORM_THREADS
+# of 512 rows at 1,024 threads, and about 18-30 us a row a warp, below), the same choices. Tenth
+# session, H100, alone: the 512-token prefill 6.75 -> 6.28 / 11.45 -> 11.08 / 6.98 -> 6.13 ms
+# at 256 (128: 6.48 / 11.25 / 6.24): 256
+NORM_PREFILL_THREADS = 256
 # a launch's norms of more rows than GEMV_TOKENS' last (a prefill's, or the head norms of a
 # step of a few tokens) a row a warp (rows.cu's rms_norm_warps: runs of next_pow2(width) / 32
 # slots a lane in registers, the same tree) for rows up to this wide (at most
 # NORM_WARP_RUN_MAX * 32), where rms_norm_f32 gives a row 1,024 threads and three barriers.
 # On the H200: 5.5 us a launch of Gemma 3's heads of 256, and slower than rms_norm_f32 at
-# 576-896 wide (and wrong there until 8aacc5a, not yet rerun: docs/perf.md). 0: off
-NORM_WARP_WIDTH_MAX = 0
+# 576-896 wide (wrong there until 8aacc5a; bit-exact on the H100 since, 16-1,152 wide). Tenth
+# session, H100: Gemma 3's 512-token prefill 6.98 -> 6.35 ms at 256 (its heads), the others
+# unchanged (no rows that narrow): 256, the models' own widths stay with rms_norm_f32. 0: off
+NORM_WARP_WIDTH_MAX = 256
 NORM_WARP_RUN_MAX = 64  # slots a lane (norm.cuh's norm_job_warp holds its run in registers)
 NORM_WARP_ROWS = 2  # ... rows (warps) a block: 256 blocks for 512 rows (a lane's run of 32
 # takes 128 registers)
