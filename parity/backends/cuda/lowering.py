@@ -69,14 +69,15 @@ MMA_TOKENS = 32
 MMA_MIN_BLOCKS = 2
 # a prefill product read by a QUANTIZE (SWIGLU's, before down) quantizes its output in its
 # epilogue, a Q8 block of each of its tokens a block (matmul.cu's gemm_mma), where a
-# quantize_q8 launch read it back (bit-exact on the H200 and H100; tenth session, H100, one
-# round: the 512-token prefill within 1 % alone, and the gated launches need it: on)
-MMA_QUANTIZE = True
+# quantize_q8 launch read it back (bit-exact on the H200 and H100). Tenth session, H100, one
+# round: the gated SWIGLU GEMM 14-15 % slower with it (Qwen 3,653 -> 4,179 us a prefill,
+# SmolLM2 1,208 -> 1,391) for the 355 and 171 us of quantize_q8 it saves: off. (MMA_GLU's
+# launches quantize whatever this says: timed so)
+MMA_QUANTIZE = False
 # ... and a prefill's gate and up products with their GEGLU (Gemma 3's; SWIGLU comes fused from
 # the graph's rewrite) and its QUANTIZE: one gated gemm_mma launch (the products' values
-# written too), where two products and a glu_f32 launch were; with MMA_QUANTIZE (bit-exact on
-# the H200 and H100; tenth session, H100: Gemma 3's 512-token prefill 6.98 -> 6.79 ms with
-# MMA_QUANTIZE: on)
+# written too), where two products, a glu_f32 and a quantize_q8 launch were (bit-exact on the
+# H200 and H100; tenth session, H100: Gemma 3's 512-token prefill 6.98 -> 6.79 ms: on)
 MMA_GLU = True
 # a prefill's products of one x by weights of one width (q, k and v) as one gemm_mma_multi
 # launch, so that k's and v's few row tiles run beside q's (bit-exact on the H200, the three
@@ -893,7 +894,7 @@ class Lowering:
         if shared is not None:  # the tensor-core GEMM
             mma = f"{w.dtype.value}, {epi}{mma_variant()}"
             more = MmaMoreArg()
-            fused = MMA_QUANTIZE and q8 is not None and n % 32 == 0
+            fused = (MMA_QUANTIZE or glu is not None) and q8 is not None and n % 32 == 0
             if fused:
                 more.q, more.d, more.s = (p.data_ptr() for p in self._q8_parts(q8))
             if glu is not None:
@@ -952,10 +953,10 @@ class Lowering:
                       node=i)  # fmt: skip
 
     def _glu_of(self, i: int, node: Node) -> tuple[int, int, int, int] | None:
-        """With GLU_IN_PRODUCT, for a decode product ``i`` (with MMA_GLU and MMA_QUANTIZE, a
-        prefill's): the GEGLU or SWIGLU that reads it as its gate or up, the other product of
-        the same Q8A x with a weight of the same quantized type and shape (no biases), and the
-        QUANTIZE of the GLU: (GLU, gate, up, QUANTIZE) for one gemv_q_q8 (or gemm_mma) launch,
+        """With GLU_IN_PRODUCT, for a decode product ``i`` (with MMA_GLU, a prefill's): the
+        GEGLU or SWIGLU that reads it as its gate or up, the other product of the same Q8A x
+        with a weight of the same quantized type and shape (no biases), and the QUANTIZE of
+        the GLU: (GLU, gate, up, QUANTIZE) for one gemv_q_q8 (or gemm_mma) launch,
         whose epilogue is the GLU; else None."""
         nodes = self.graph.nodes
         x = node.src[0]
@@ -964,7 +965,7 @@ class Lowering:
             fits = GLU_IN_PRODUCT
         else:
             w = nodes[node.src[1]]
-            fits = MMA_GLU and MMA_QUANTIZE and takes_mma(w.dtype, True, w.shape[1])
+            fits = MMA_GLU and takes_mma(w.dtype, True, w.shape[1])
         if not fits or len(node.src) != 2 or n % 32 or nodes[x].dtype is not DType.Q8A:
             return None
         glus = [u for u in self.readers.get(i, []) if u in self.inside and u not in self.done
