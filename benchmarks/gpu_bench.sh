@@ -96,8 +96,12 @@ together="HEADS_TOGETHER_CHUNKS[64]=3 HEADS_TOGETHER_CHUNKS[128]=3 HEADS_TOGETHE
 # since its A/B; TILE_SCORES_BYTES=0 times the kernel without)
 # (and gemm_mma's blocks of 64 tokens, MMA_TOKENS)
 # (ninth session: a prefill's norms a row a warp, NORM_WARP_WIDTH_MAX; gate/up quantizing its
-# output for down, MMA_QUANTIZE; Gemma 3's gate, up and GEGLU as one GEMM, MMA_GLU; q, k, v too, MMA_MULTI)
-switches=${SWITCHES:-"MMA_TOKENS=64 NORM_WARP_WIDTH_MAX=256 NORM_PREFILL_THREADS=256 MMA_QUANTIZE=1 MMA_GLU=1 MMA_MULTI=1 WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 $together"}
+# output for down, MMA_QUANTIZE; Gemma 3's gate, up and GEGLU as one GEMM, MMA_GLU; q, k, v too,
+# MMA_MULTI: on since the tenth session's A/B but MMA_QUANTIZE)
+# (tenth session: a decode step's norms a row a warp, NORM_WARP_DECODE; 64-token GEMM blocks
+# for Q4_K's and Q6_K's ungated products only, MMA_TOKENS_BY_TYPE)
+by_type="MMA_TOKENS_BY_TYPE[12]=64 MMA_TOKENS_BY_TYPE[14]=64"
+switches=${SWITCHES:-"NORM_WARP_DECODE=1 $by_type MMA_TOKENS=64 MMA_QUANTIZE=1 WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 $together"}
 all=${switches// /,}
 if [ "${DEEP:-0}" = 1 ]; then  # flash decoding's switches, deep in the cache
   fold=FOLD_BATCH=8; caps=CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2
@@ -108,11 +112,10 @@ if [ "${DEEP:-0}" = 1 ]; then  # flash decoding's switches, deep in the cache
   variants=${VARIANTS:-"- $all3 $from16 $caps $caps,$all3 $fold,$all3"}
   POSITION=${POSITION:-4000}
 else
-  # (ninth session, H200, one round, every prefill switch together: the prefill 1.7 / 3.4 /
-  # 12 % faster, the norms a row a warp slower at 576-1,152 wide and wrong there, since
-  # mended; each switch alone next)
-  prefill=NORM_WARP_WIDTH_MAX=256,NORM_PREFILL_THREADS=256,MMA_QUANTIZE=1,MMA_GLU=1,MMA_MULTI=1
-  variants=${VARIANTS:-"- NORM_WARP_WIDTH_MAX=256 NORM_PREFILL_THREADS=128 NORM_PREFILL_THREADS=256 MMA_QUANTIZE=1 MMA_MULTI=1 MMA_GLU=1,MMA_QUANTIZE=1 $prefill"}
+  # (tenth session, H100, one switch a variant: the prefill's norms, q/k/v and Gemma 3's GLU
+  # adopted, docs/perf.md; next: the decode norms a row a warp, the GEMM's 64-token blocks by
+  # type, and the decode norms' block of 256 threads)
+  variants=${VARIANTS:-"- NORM_WARP_DECODE=1 ${by_type// /,} NORM_DECODE_THREADS=256"}
 fi
 if [ "$stage" = candidates ]; then
   (bash .peer/llamacpp-cuda.sh build > /tmp/lcpp_build.txt 2>&1; echo "build rc $?" >> /tmp/lcpp_build.txt) &
@@ -255,10 +258,10 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
     -m parity conformance cuda -k matmul -k fusion &  # (gemm_mma's blocks of 64 tokens)
   run conformance_prefill python3 benchmarks/with_lowering.py MMA_QUANTIZE=1 MMA_GLU=1 MMA_MULTI=1 \
     NORM_WARP_WIDTH_MAX=2048 -- -m parity conformance cuda -k fusion -k norm &  # (ninth session)
-  run conformance_norm_threads python3 benchmarks/with_lowering.py NORM_PREFILL_THREADS=128 -- \
-    -m parity conformance cuda -k fusion -k norm &
+  run conformance_decode_norms python3 benchmarks/with_lowering.py NORM_WARP_DECODE=1 -- \
+    -m parity conformance cuda -k fusion -k norm &  # (tenth session)
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
-         conformance_norm_threads)
+         conformance_decode_norms)
   # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
   if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
     files+=(conformance_triton)

@@ -110,7 +110,7 @@ PREFILL_SWITCHES = {
 PREFILL_OFF = {"NORM_WARP_WIDTH_MAX": 0, "MMA_QUANTIZE": False, "MMA_GLU": False,
                "MMA_MULTI": False}  # fmt: skip
 DECODE_SWITCHES = ("NORM_AFTER_PRODUCT", "QKV_HEAD_NORMS", "GLU_IN_PRODUCT", "WIDE_GEMV",
-                   "WIDE_FIT_ROW", "ARGMAX_IN_HEAD")  # fmt: skip
+                   "WIDE_FIT_ROW", "ARGMAX_IN_HEAD", "NORM_WARP_DECODE")  # fmt: skip
 
 
 # the cases of a prefill's rows (more than a GEMV's 8 tokens: the decode switches do not apply)
@@ -226,6 +226,17 @@ def test_gemm_of_64_tokens_a_block_is_bit_exact_in_the_emulator(case, monkeypatc
     assert blocks == {512} and all(n.endswith(", 1, 64>") for n in names), launched
 
 
+def test_gemm_tokens_by_weight_type_are_bit_exact_in_the_emulator(monkeypatch):
+    """MMA_TOKENS_BY_TYPE: a prefill's FFN of Q4_K weights with 64-token blocks for Q4_K's
+    ungated products (down) and 32 for the gated gate/up and the other types' products."""
+    launched = _judge_with("fusion-ffn-Q4_K-256x512-t40", monkeypatch,
+                           MMA_TOKENS_BY_TYPE={12: 64, 14: 64})  # fmt: skip
+    names = [name for name, _ in launched if name.startswith("gemm_mma<")]
+    gated = [n for n in names if n[:-1].split(", ")[1] in ("4", "8")]  # (EPI: SWIGLU, GEGLU)
+    assert gated and all(not n.endswith(", 64>") for n in gated), names
+    assert any(n.startswith("gemm_mma<12, ") and n.endswith(", 1, 64>") for n in names), names
+
+
 @pytest.mark.parametrize("case", ["fusion-ffn-Q5_0-256x512-t40", "fusion-ffn-Q4_K-256x512-t40"])
 @pytest.mark.parametrize("tokens", [32, 64])
 def test_gemm_quantizing_its_output_is_bit_exact_in_the_emulator(case, tokens, monkeypatch):
@@ -289,6 +300,21 @@ def test_prefill_norms_of_any_threads_are_bit_exact_in_the_emulator(case, thread
     launched = _judge_with(case, monkeypatch, NORM_PREFILL_THREADS=threads, NORM_WARP_WIDTH_MAX=0)
     blocks = [block for name, block in launched if name == "rms_norm_f32"]
     assert threads in blocks, blocks
+
+
+# a decode step's norms: one row, a few, Gemma 3's chained norms and its head norms of 256
+DECODE_NORMS = [c for c in CASES if not c.endswith(PREFILL)
+                and ("rms_norm" in c or "-norm" in c) and "rope" not in c]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", DECODE_NORMS)
+def test_decode_norms_a_row_a_warp_are_bit_exact_in_the_emulator(case, monkeypatch):
+    """NORM_WARP_DECODE: a decode step's norms a row a warp, a warp a block (runs of 2 to 64
+    slots a lane; the chained norms' sums; the norms of the head's rows), the same tree, the
+    same bits, and no rms_norm_f32 left but the norms a product's last block takes."""
+    launched = [name for name, _ in _judge_with(case, monkeypatch, NORM_WARP_DECODE=True)]
+    assert any(n.startswith("rms_norm_warps<") for n in launched), launched
+    assert not any(n.startswith("rms_norm_f32") for n in launched), launched
 
 
 @pytest.mark.parametrize("case", PREFILL_NORMS)
@@ -361,11 +387,11 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     decode steps (GEMV, flash decoding; with ``switched`` the decode fusions that wait for a
     GPU's timing: the norms after the o and down products done by those products' last
     blocks, for Gemma 3 the head norms and ROPEs in the q/k/v launch and gate, up and GEGLU
-    as one product, and the output head by gemv_q_wide; with ``prefill_switched`` the
-    prefill's: its norms a row a warp, gate/up quantizing its output, Gemma 3's GEGLU in its
-    gate/up GEMM, q, k and v as one GEMM launch; without it, none of them): every node of
-    every step bit-identical to the cpu oracle's, and the greedy tokens the same. ``heads``:
-    the spec's head shape, if not the tiny one's."""
+    as one product, the output head by gemv_q_wide, and the other norms a row a warp; with
+    ``prefill_switched`` the prefill's: its norms a row a warp, gate/up quantizing its output,
+    Gemma 3's GEGLU in its gate/up GEMM, q, k and v as one GEMM launch; without it, none of
+    them): every node of every step bit-identical to the cpu oracle's, and the greedy tokens
+    the same. ``heads``: the spec's head shape, if not the tiny one's."""
     from cuda_emulator.backend import EmulatedDriver
 
     from parity.arch.synthetic import synthetic_model, tiny_spec
@@ -396,12 +422,13 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     assert report.identical_share == 1.0 and report.tokens_agree == 3
     prefill = "attention_tiles" if tiles else "attention_rows_gqa"
     kernels = ["gemm_mma", prefill, "gemv_q_multi", "attention_chunks"]
-    kernels += ["gemv_q_norm", "gemv_q_wide"] * switched
+    kernels += ["gemv_q_norm", "gemv_q_wide", "rms_norm_warps"] * switched
     kernels += ["rms_norm_warps", "gemm_mma_multi"] * prefill_switched
     for kernel in kernels:
         assert launched[kernel] > 0, launched
     assert switched or not launched["gemv_q_norm"]
-    assert prefill_switched or not launched["rms_norm_warps"] + launched["gemm_mma_multi"]
+    assert prefill_switched or not launched["gemm_mma_multi"]
+    assert prefill_switched or switched or not launched["rms_norm_warps"]
     if switched and arch == "gemma3":  # ROPEs and GEGLU launched alone by the prefill only
         assert launched["rope_f32"] == launched["glu_f32"] == spec.n_layer, launched
     if prefill_switched and arch == "gemma3":  # GEGLU by the decode steps only

@@ -61,6 +61,10 @@ MMA_TILE = 32  # rows of a gemm_mma block (matmul.cu's MmaGeom BN)
 # (ninth session, one round, with other switches): Qwen's Q6_K and Q4_K down products 12 and
 # 6 % faster at 64, the gated and SmolLM2's Q4_1 products 3-16 % slower: 32
 MMA_TOKENS = 32
+# ... and by weight type (GGML type id: tokens) for a prefill's ungated products (o, down, q/k/v
+# one at a time): that H200 round's faster ones alone, Q6_K (14) and Q4_K (12) at 64. Until a
+# GPU times them alone: none
+MMA_TOKENS_BY_TYPE: dict[int, int] = {}
 # ... and the blocks a multiprocessor should hold (its __launch_bounds__' minimum): 2, 128
 # registers; 3 caps them at 80 (12-56 bytes spilled) for 24 warps a multiprocessor instead of
 # 16 (Qwen's gate/up GEMM: 3.9 of a 12 ms 512-token prefill, far from the tensor cores' speed,
@@ -111,6 +115,13 @@ NORM_WARP_WIDTH_MAX = 256
 NORM_WARP_RUN_MAX = 64  # slots a lane (norm.cuh's norm_job_warp holds its run in registers)
 NORM_WARP_ROWS = 2  # ... rows (warps) a block: 256 blocks for 512 rows (a lane's run of 32
 # takes 128 registers)
+# ... and a decode step's norms (rows up to GEMV_TOKENS' last) a row a warp too, a warp a
+# block, at any width up to NORM_WARP_RUN_MAX * 32: the row's chain (loads, squares, TREE,
+# scale, Q8 blocks) in one warp's registers and shuffles, no barrier, where rms_norm_f32 gives
+# it NORM_DECODE_THREADS threads, shared memory and three barriers (about 5.4 us a norm of
+# Gemma 3's step on the H100 with PDL off: a third of the step's kernel time). Until a GPU
+# times it: off
+NORM_WARP_DECODE = False
 # a decode product's output normed by its last block (matmul.cu's gemv_q_norm), not by a launch
 # of its own: bit-exact (emulator and H200), and slower: the decode step +43-52 % on the H200
 # (the last block's tail, about 17 us), so off (docs/perf.md)
@@ -271,11 +282,12 @@ def takes_mma(dtype: DType, gated: bool, k: int) -> bool:
     return dtype.is_quantized and gemm_mma_shared(dtype, gated, k, MMA_TOKENS) is not None
 
 
-def mma_variant() -> str:
+def mma_variant(tokens: int | None = None) -> str:
     """gemm_mma's (and gemm_mma_multi's) template arguments after the types and epilogue:
-    MINB and BT where the switches leave their defaults."""
-    if MMA_TOKENS != 32:  # (16 warps: one block a multiprocessor, its registers' bound)
-        return f", 1, {MMA_TOKENS}"
+    MINB and BT (``tokens``, by default MMA_TOKENS) where they are not the defaults."""
+    tokens = MMA_TOKENS if tokens is None else tokens
+    if tokens != 32:  # (16 warps: one block a multiprocessor, its registers' bound)
+        return f", 1, {tokens}"
     return f", {MMA_MIN_BLOCKS}" if MMA_MIN_BLOCKS != 2 else ""
 
 
@@ -509,12 +521,15 @@ class Lowering:
         for slot, (i, w, qn) in zip("ab", jobs, strict=False):
             quantized |= self._norm_job(getattr(a, slot), i, w, qn, written)
         rows = a.a.rows + a.b.rows
-        if rows > GEMV_TOKENS[-1] and a.width <= min(NORM_WARP_WIDTH_MAX, 32 * NORM_WARP_RUN_MAX):
+        decode = rows <= GEMV_TOKENS[-1]
+        warps = NORM_WARP_DECODE if decode else a.width <= NORM_WARP_WIDTH_MAX
+        if warps and a.width <= 32 * NORM_WARP_RUN_MAX:
             run = max(1, next_pow2(a.width) // 32)
-            self._launch("rows.cu", f"rms_norm_warps<{run}>", (-(-rows // NORM_WARP_ROWS), 1, 1),
-                         (32 * NORM_WARP_ROWS, 1, 1), [a])  # fmt: skip
+            per = 1 if decode else NORM_WARP_ROWS  # (rows, so warps, a block)
+            self._launch("rows.cu", f"rms_norm_warps<{run}>", (-(-rows // per), 1, 1),
+                         (32 * per, 1, 1), [a])  # fmt: skip
             return
-        threads = NORM_DECODE_THREADS if rows <= GEMV_TOKENS[-1] else NORM_PREFILL_THREADS
+        threads = NORM_DECODE_THREADS if decode else NORM_PREFILL_THREADS
         threads = max(threads, next_pow2(a.width) // 256)  # (norm.cuh: 256 squares a thread)
         self._launch("rows.cu", "rms_norm_f32", (rows, 1, 1), (threads, 1, 1), [a],
                      a.width * 4 if quantized else 0)  # fmt: skip
@@ -889,10 +904,10 @@ class Lowering:
                          [pointer(out), xq, *common])  # fmt: skip
             return False
         gated = bool(epi & (EPI_SWIGLU | EPI_GEGLU))
-        tokens = MMA_TOKENS
+        tokens = MMA_TOKENS if gated else MMA_TOKENS_BY_TYPE.get(w.dtype.value, MMA_TOKENS)
         shared = gemm_mma_shared(w.dtype, gated, k, tokens)
         if shared is not None:  # the tensor-core GEMM
-            mma = f"{w.dtype.value}, {epi}{mma_variant()}"
+            mma = f"{w.dtype.value}, {epi}{mma_variant(tokens)}"
             more = MmaMoreArg()
             fused = (MMA_QUANTIZE or glu is not None) and q8 is not None and n % 32 == 0
             if fused:
