@@ -36,7 +36,7 @@
 #                                        (bench_gpu_steps.py --profile), then (PDL_OFF=0: not)
 #                                        as shipped and with every switch, the decode kernels'
 #                                        own times with PARITY_PDL=0. About 17 s a model and
-#                                        variant a round: the default 7 variants take a call a
+#                                        variant a round: the default 4 variants take half a call a
 #                                        model (MODELS=...). DEEP=1: the deep variants instead
 #                                        (flash decoding's switches) at POSITION (4000) in a
 #                                        cache of CTX (4352; 16640 for POSITION=16000)

@@ -251,12 +251,14 @@ def test_gemm_quantizing_its_output_is_bit_exact_in_the_emulator(case, tokens, m
 
 
 @pytest.mark.parametrize("tokens", [32, 64])
-def test_gemm_of_gate_up_and_geglu_is_bit_exact_in_the_emulator(tokens, monkeypatch):
+@pytest.mark.parametrize("quantize", [False, True])
+def test_gemm_of_gate_up_and_geglu_is_bit_exact_in_the_emulator(tokens, quantize, monkeypatch):
     """MMA_GLU: a prefill's gate and up products, their GEGLU (Gemma 3's) and its QUANTIZE as
-    one gated gemm_mma launch, which writes the two products' nodes too; every node bit for
-    bit, no glu_f32 launch left, and one quantize_q8 a run (the case's x)."""
+    one gated gemm_mma launch, which writes the two products' nodes too, whether MMA_QUANTIZE
+    (SWIGLU's) is on or not; every node bit for bit, no glu_f32 launch left, and one
+    quantize_q8 a run (the case's x)."""
     launched = [name for name, _ in _judge_with("fusion-geglu-Q8_0-640x512-t40", monkeypatch,
-                                                MMA_GLU=True, MMA_QUANTIZE=True,
+                                                MMA_GLU=True, MMA_QUANTIZE=quantize,
                                                 MMA_TOKENS=tokens)]  # fmt: skip
     gated = [n for n in launched if n.startswith("gemm_mma<8, 8")]
     assert gated and "glu_f32<1>" not in launched, launched
@@ -373,25 +375,25 @@ def test_kernels_touch_nothing_past_a_buffer_in_the_emulator(switches) -> None:
 WIDE = {"head_dim": 256, "n_head": 4, "n_head_kv": 1}  # Gemma 3 270M's heads
 
 
-@pytest.mark.parametrize("arch, tiles, switched, prefill_switched, heads", [
-    ("llama", False, False, False, {}), ("llama", True, False, True, {}),
-    ("qwen2", True, True, False, {}), ("qwen2", True, False, True, {}),
-    ("gemma3", False, False, False, {}), ("gemma3", True, True, False, WIDE),
-    ("gemma3", True, False, True, WIDE),
+@pytest.mark.parametrize("arch, tiles, switched, prefill, heads", [
+    ("llama", False, False, "none", {}), ("llama", True, False, "all", {}),
+    ("qwen2", True, True, "shipped", {}), ("qwen2", True, False, "all", {}),
+    ("gemma3", False, False, "none", {}), ("gemma3", True, True, "shipped", WIDE),
+    ("gemma3", True, False, "all", WIDE),
 ])  # fmt: skip
 def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
-    arch, tiles, switched, prefill_switched, heads, monkeypatch
+    arch, tiles, switched, prefill, heads, monkeypatch
 ):
     """A 40-token prefill (the int8 tensor-core GEMM; prefill attention a block a KV head's
     query heads, or with ``tiles`` a block a tile of tokens, as many as its rows hold) and two
     decode steps (GEMV, flash decoding; with ``switched`` the decode fusions that wait for a
     GPU's timing: the norms after the o and down products done by those products' last
     blocks, for Gemma 3 the head norms and ROPEs in the q/k/v launch and gate, up and GEGLU
-    as one product, the output head by gemv_q_wide, and the other norms a row a warp; with
-    ``prefill_switched`` the prefill's: its norms a row a warp, gate/up quantizing its output,
-    Gemma 3's GEGLU in its gate/up GEMM, q, k and v as one GEMM launch; without it, none of
-    them): every node of every step bit-identical to the cpu oracle's, and the greedy tokens
-    the same. ``heads``: the spec's head shape, if not the tiny one's."""
+    as one product, the output head by gemv_q_wide, and the other norms a row a warp; the
+    prefill's switches as shipped, all on (``prefill`` "all": its norms a row a warp at every
+    width, gate/up quantizing its output, Gemma 3's GEGLU in its gate/up GEMM, q, k and v as
+    one GEMM launch) or none): every node of every step bit-identical to the cpu oracle's, and
+    the greedy tokens the same. ``heads``: the spec's head shape, if not the tiny one's."""
     from cuda_emulator.backend import EmulatedDriver
 
     from parity.arch.synthetic import synthetic_model, tiny_spec
@@ -412,7 +414,8 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     monkeypatch.setattr(lowering, "TILE_BLOCKS", 1)  # (40 tokens: else a token a block)
     for switch in DECODE_SWITCHES:
         monkeypatch.setattr(lowering, switch, switched)
-    for switch, value in (PREFILL_SWITCHES if prefill_switched else PREFILL_OFF).items():
+    settings = {"none": PREFILL_OFF, "shipped": {}, "all": PREFILL_SWITCHES}[prefill]
+    for switch, value in settings.items():
         monkeypatch.setattr(lowering, switch, value)
     spec, weights = synthetic_model(tiny_spec(arch, n_ctx_train=1024, **heads), seed=5)
     prompt = [(7 * i) % 500 + 1 for i in range(40)]
@@ -420,18 +423,18 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
                            _backend)  # fmt: skip
     assert report.violation is None and report.first_divergent is None
     assert report.identical_share == 1.0 and report.tokens_agree == 3
-    prefill = "attention_tiles" if tiles else "attention_rows_gqa"
-    kernels = ["gemm_mma", prefill, "gemv_q_multi", "attention_chunks"]
+    attention = "attention_tiles" if tiles else "attention_rows_gqa"
+    kernels = ["gemm_mma", attention, "gemv_q_multi", "attention_chunks"]
     kernels += ["gemv_q_norm", "gemv_q_wide", "rms_norm_warps"] * switched
-    kernels += ["rms_norm_warps", "gemm_mma_multi"] * prefill_switched
+    kernels += ["gemm_mma_multi"] * (prefill != "none") + ["rms_norm_warps"] * (prefill == "all")
     for kernel in kernels:
         assert launched[kernel] > 0, launched
     assert switched or not launched["gemv_q_norm"]
-    assert prefill_switched or not launched["gemm_mma_multi"]
-    assert prefill_switched or switched or not launched["rms_norm_warps"]
-    if switched and arch == "gemma3":  # ROPEs and GEGLU launched alone by the prefill only
-        assert launched["rope_f32"] == launched["glu_f32"] == spec.n_layer, launched
-    if prefill_switched and arch == "gemma3":  # GEGLU by the decode steps only
+    assert prefill != "none" or not launched["gemm_mma_multi"]
+    assert prefill != "none" or switched or not launched["rms_norm_warps"]
+    if switched and arch == "gemma3":  # ROPEs by the prefill only, GEGLU by no step alone
+        assert launched["rope_f32"] == spec.n_layer and not launched["glu_f32"], launched
+    if prefill == "all" and arch == "gemma3":  # GEGLU by the decode steps only
         assert launched["glu_f32"] == 2 * spec.n_layer, launched
 
 
