@@ -331,6 +331,42 @@ inline void mma_s8_k16(int (&c)[4], int a0, int a1, int b0) {
     mma_s8<16>(c, a, b);
 }
 
+// cvt.rna.tf32.f32: x kept to 10 bits of mantissa (the low 13 bits zero), rounded to nearest
+// with ties away from zero; NaN stays NaN, infinities stay
+inline unsigned to_tf32(float x) {
+    unsigned b;
+    std::memcpy(&b, &x, sizeof b);
+    if ((b & 0x7f800000u) == 0x7f800000u) return (b & 0xffffe000u) | ((b & 0x7fffffu) ? 0x400000u : 0u);
+    return (b + 0x1000u) & 0xffffe000u;
+}
+
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, d += a b: A row r, column k at lane
+// 4 (r % 8) + k % 4, register (r >= 8) + 2 (k >= 4); B row k, column n at lane 4 n + k % 4,
+// register (k >= 4); D row g + 8 (i >= 2), column 2 t + i % 2 in register i. The operands'
+// low 13 bits are ignored; the products summed in double, then added to d once (the hardware's
+// order and rounding of the sum are not the contract's: fast numerics only).
+inline void mma_tf32_k8(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    int A[32][8], B[32][8];
+    const int av[4] = {(int)a[0], (int)a[1], (int)a[2], (int)a[3]}, bv[2] = {(int)b[0], (int)b[1]};
+    gather(av, 4, A);
+    gather(bv, 2, B);
+    const int lane = state().cur->lane, g = lane / 4, t = lane % 4;
+    auto value = [](int word) {
+        const unsigned bits = (unsigned)word & 0xffffe000u;
+        float f;
+        std::memcpy(&f, &bits, sizeof f);
+        return (double)f;
+    };
+    for (int i = 0; i < 4; ++i) {
+        const int r = g + 8 * (i >= 2), n = 2 * t + i % 2;
+        double acc = 0.0;
+        for (int k = 0; k < 8; ++k)
+            acc += value(A[4 * (r % 8) + k % 4][(r >= 8) + 2 * (k >= 4)]) *
+                   value(B[4 * n + k % 4][k >= 4]);
+        d[i] = (float)((double)d[i] + acc);
+    }
+}
+
 }  // namespace emu
 
 #define threadIdx (emu::state().cur->tid)

@@ -48,6 +48,9 @@ class CudaBackend(GpuBackend):
     numerics_modes = ("exact", "fast")  # exact satisfies fast
     queues = True  # every per-step call goes on the runtime's stream
     manifest: ClassVar[Mapping[str, str]] = {op.name: "exact" for op in sorted(OPS, key=str)}
+    # under numerics = "fast", a prefill's attention may be flash attention on the tensor cores
+    # (lowering.FAST_ATTENTION; TF32 products of split operands, as triton's fast tier)
+    fast_manifest: ClassVar[Mapping[str, str]] = {**manifest, "ATTENTION": "nmse<=1e-8"}
 
     def __init__(
         self, device: Device, *, pinned: bool | None = None, pdl: bool | None = None, **kwargs: Any
@@ -161,6 +164,7 @@ class CudaBackend(GpuBackend):
             pdl,
             views,
             self.multiprocessors,
+            self.numerics == "fast",
         )
         lowered = lowering.lower(split.nodes, readers)
         self.library.ensure(lowered.kernels)  # one batch, compiled in parallel (or cached)

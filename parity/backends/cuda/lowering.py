@@ -186,6 +186,12 @@ FOLD_BATCH = 1
 # depth 16,384 gives 128 blocks a layer, not 896 (H = 2 .. GQA_HEADS_MAX heads whose q and
 # sums fit, HEADS_WIDTH_MAX floats). 0: a block a head. Until a GPU times it: 0
 HEADS_TOGETHER_CHUNKS = {64: 0, 128: 0, 256: 0}
+# a prefill's attention under numerics = "fast" (heads of 64) as flash attention on the tensor
+# cores (attention.cu's attention_fast: TF32 products of split operands, an online softmax),
+# where the exact kernels make every score and weight on the float pipes (about 2 of Qwen's
+# 11 ms 512-token prefill, and most of a 4,096-token one: docs/perf.md). Emulator-checked
+# against the fast tier; until a GPU has run and timed it: off
+FAST_ATTENTION = False
 HEADS_WIDTH_MAX = 1024  # ... (attention.cu's shared memory: 36 KiB of tiles, 4 KiB of q)
 NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs
 
@@ -341,6 +347,7 @@ class Lowering:
         pdl: bool = False,
         views: frozenset[int] = frozenset(),
         multiprocessors: int = 132,
+        fast: bool = False,
     ) -> None:
         self.graph = graph
         self.values = values
@@ -351,6 +358,7 @@ class Lowering:
         self.pdl = pdl  # every launch with programmatic dependent launch
         self.views = views  # RESHAPEs and SLICE_ROWS whose value is a view: nothing to copy
         self.multiprocessors = multiprocessors  # the GPU's (grids sized to the machine)
+        self.fast = fast  # numerics = "fast": the fast kernels where a switch turns them on
         self.out: Lowered = Lowered([], [], set(), [])
         self.done: set[int] = set()
         self._shared: dict[str, tuple[int, Any]] = {}  # name: (elements, buffer)
@@ -754,6 +762,12 @@ class Lowering:
         a.window = arg.window
         chunks = -(-n_ctx // 256)
         seen = chunks if not arg.window else min(chunks, -(-(arg.window - 1) // 256) + 1)
+        if self.fast and FAST_ATTENTION and t > SPLIT_TOKENS and d == 64:
+            a.oq = a.od = a.os = None  # (its QUANTIZE: a launch of its own)
+            a.n_tokens = t
+            self._launch("attention.cu", f"attention_fast<{d}>", (arg.n_head, -(-t // 64), 1),
+                         (128, 1, 1), [a])  # fmt: skip
+            return
         if t <= SPLIT_TOKENS:  # flash decoding: a block a (head, token, chunk)
             th = t * arg.n_head
             part = self._shared_scratch("part", DType.F32, th * chunks * (d + 1))

@@ -1001,3 +1001,198 @@ __global__ void __launch_bounds__(CHUNK, D == 128 ? 1 : 2) attention_tiles(AttnA
         }
     }
 }
+
+// ---- prefill in fast numerics: flash attention on the tensor cores -----------------------------
+//
+// attention_fast<D>: ATTENTION under numerics = "fast" (docs/numerics.md's budget: an online
+// softmax, any order), for a prefill. Grid (n_head, ceil(T / 64)), 128 threads: warp w takes
+// the 16 tokens t0 + 16 w .. of head h and walks the cache FAST_BN slots at a time, from the
+// lowest window start of the block's tokens to their highest position. Scores and the
+// weighted values are m16n8k8 TF32 products, each operand split in two (hi + lo, three
+// products: about float32's accuracy, as the triton backend's "tf32x3"); the running max and
+// sum rescaled with the project's exp; one division at the end. A tile's K and V rows are
+// split once into shared memory for the four warps; slots outside a token's window lo .. p
+// weigh +0.0, and rows no token of the block sees are never loaded. The weights go from the
+// scores' accumulator layout (columns 2t, 2t + 1 of each 8 slots) to the second product's A
+// operand (columns t, t + 4) with the slots in the order 0, 2, 4, 6, 1, 3, 5, 7, and the V rows
+// read in that order: no shuffle.
+#define FAST_BN 32  // cache slots a tile
+#define FAST_ROW (64 + 4)  // words a shared row of K or V (heads of 64): conflict-free reads
+
+__device__ __forceinline__ u32 to_tf32(float x) {
+#ifdef PARITY_EMULATOR
+    return emu::to_tf32(x);
+#else
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+#endif
+}
+
+// x = hi + lo, both TF32 (lo: what hi leaves, rounded again)
+__device__ __forceinline__ void split_tf32(float x, u32& hi, u32& lo) {
+    hi = to_tf32(x);
+    lo = to_tf32(x - __uint_as_float(hi));
+}
+
+// d += a b, m16n8k8 TF32 with float32 accumulation
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+#ifdef PARITY_EMULATOR
+    emu::mma_tf32_k8(d, a, b);
+#else
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// d += a b with both split: the small products first, then hi hi
+__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const u32 (&ah)[4], const u32 (&al)[4],
+                                           const u32 (&bh)[2], const u32 (&bl)[2]) {
+    mma_tf32(d, al, bh);
+    mma_tf32(d, ah, bl);
+    mma_tf32(d, ah, bh);
+}
+
+template <int D>
+__global__ void __launch_bounds__(128) attention_fast(AttnArgs a) {
+    pdl_begin();
+    static_assert(D == 64, "heads of 64 (the q fragments stay in registers)");
+    constexpr int KS = D / 8;  // k-steps of a score, n-tiles of an output row
+    __shared__ __align__(16) u32 kh[FAST_BN * FAST_ROW], kl[FAST_BN * FAST_ROW];
+    __shared__ __align__(16) u32 vh[FAST_BN * FAST_ROW], vl[FAST_BN * FAST_ROW];
+    __shared__ int ps[64], los[64];
+    const int h = blockIdx.x, t0 = blockIdx.y * 64, tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int kv = h / (a.n_head / a.n_head_kv);
+    const int width = a.n_head_kv * D, qwidth = a.n_head * D;
+    const float* kbase = a.k + kv * D;
+    const float* vbase = a.v + kv * D;
+    if (tid < 64) {  // (tokens past the last: the last token's, not stored)
+        const int t = min(t0 + tid, a.n_tokens - 1);
+        ps[tid] = a.positions[t];
+        los[tid] = window_lo(a, ps[tid]);
+    }
+    __syncthreads();
+    int first = los[0], end = ps[0];
+    for (int i = 1; i < 64; ++i) {
+        first = min(first, los[i]);
+        end = max(end, ps[i]);
+    }
+    // this thread's two rows (tokens) of its warp's 16: r (g) and r + 8
+    const int r0 = 16 * warp + g, r1 = r0 + 8;
+    const int p0 = ps[r0], p1 = ps[r1], lo0 = los[r0], lo1 = los[r1];
+    const i64 q0 = (i64)min(t0 + r0, a.n_tokens - 1) * qwidth + h * D;
+    const i64 q1 = (i64)min(t0 + r1, a.n_tokens - 1) * qwidth + h * D;
+    u32 qh[KS][4], ql[KS][4];  // A fragments: (r0, 8s + c), (r1, 8s + c), (r0, +4), (r1, +4)
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+        split_tf32(a.q[q0 + 8 * s + c], qh[s][0], ql[s][0]);
+        split_tf32(a.q[q1 + 8 * s + c], qh[s][1], ql[s][1]);
+        split_tf32(a.q[q0 + 8 * s + c + 4], qh[s][2], ql[s][2]);
+        split_tf32(a.q[q1 + 8 * s + c + 4], qh[s][3], ql[s][3]);
+    }
+    const float NEG = -__int_as_float(0x7f800000);
+    float o[KS][4];  // the output rows' accumulators: (r0, 8n + 2c + {0, 1}), (r1, ..)
+#pragma unroll
+    for (int n = 0; n < KS; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {NEG, NEG}, l[2] = {0.0f, 0.0f};  // running max and this thread's share of the sum
+    for (int j0 = first / FAST_BN * FAST_BN; j0 <= end; j0 += FAST_BN) {
+        __syncthreads();  // (the previous tile's readers are done)
+        for (int e = tid; e < FAST_BN * D; e += 128) {
+            const int row = e / D, col = e % D, j = j0 + row;
+            const bool in = j >= first && j <= end;  // a slot some token of the block sees
+            const float kx = in ? kbase[(i64)j * width + col] : 0.0f;
+            const float vx = in ? vbase[(i64)j * width + col] : 0.0f;
+            split_tf32(kx, kh[row * FAST_ROW + col], kl[row * FAST_ROW + col]);
+            split_tf32(vx, vh[row * FAST_ROW + col], vl[row * FAST_ROW + col]);
+        }
+        __syncthreads();
+        // scores of slots j0 + 8 n + 2 c + {0, 1} for rows r0 (sc[n][0..1]) and r1 ([2..3])
+        float sc[FAST_BN / 8][4];
+#pragma unroll
+        for (int n = 0; n < FAST_BN / 8; ++n) {
+            sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+            for (int s = 0; s < KS; ++s) {  // B: K row 8 n + g, columns 8 s + c and + 4
+                const int at = (8 * n + g) * FAST_ROW + 8 * s + c;
+                const u32 bh[2] = {kh[at], kh[at + 4]}, bl[2] = {kl[at], kl[at + 4]};
+                mma_3xtf32(sc[n], qh[s], ql[s], bh, bl);
+            }
+        }
+        // the online softmax, row by row (a row's 32 slots lie in the 4 threads of a group)
+        float mt[2] = {NEG, NEG};
+#pragma unroll
+        for (int n = 0; n < FAST_BN / 8; ++n) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int j = j0 + 8 * n + 2 * c + (i & 1), r = i >> 1;
+                const bool in = r == 0 ? seen(j, lo0, p0) : seen(j, lo1, p1);
+                sc[n][i] = in ? sc[n][i] * a.scale : NEG;
+                mt[r] = fmaxf(mt[r], sc[n][i]);
+            }
+        }
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            mt[r] = fmaxf(mt[r], __shfl_xor_sync(FULL_MASK, mt[r], 1));
+            mt[r] = fmaxf(mt[r], __shfl_xor_sync(FULL_MASK, mt[r], 2));
+            const float mn = fmaxf(m[r], mt[r]);
+            alpha[r] = mn == NEG ? 1.0f : p_exp(m[r] - mn);  // (exp(-inf) = 0: nothing before)
+            m[r] = mn;
+            l[r] *= alpha[r];
+        }
+#pragma unroll
+        for (int n = 0; n < FAST_BN / 8; ++n) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = i >> 1;
+                sc[n][i] = sc[n][i] == NEG ? 0.0f : p_exp(sc[n][i] - m[r]);
+                l[r] += sc[n][i];
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < KS; ++n) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+        }
+        // o += w V: k-step n takes slots 8 n .. 8 n + 7 as columns c -> 2 c and c + 4 -> 2 c + 1
+#pragma unroll
+        for (int n = 0; n < FAST_BN / 8; ++n) {
+            u32 wh[4], wl[4];
+            split_tf32(sc[n][0], wh[0], wl[0]);  // (r0, slot 2 c)
+            split_tf32(sc[n][2], wh[1], wl[1]);  // (r1, slot 2 c)
+            split_tf32(sc[n][1], wh[2], wl[2]);  // (r0, slot 2 c + 1)
+            split_tf32(sc[n][3], wh[3], wl[3]);  // (r1, slot 2 c + 1)
+#pragma unroll
+            for (int d = 0; d < KS; ++d) {  // B: V rows 8 n + 2 c and + 1, column 8 d + g
+                const int at = (8 * n + 2 * c) * FAST_ROW + 8 * d + g;
+                const u32 bh[2] = {vh[at], vh[at + FAST_ROW]};
+                const u32 bl[2] = {vl[at], vl[at + FAST_ROW]};
+                mma_3xtf32(o[d], wh, wl, bh, bl);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] += __shfl_xor_sync(FULL_MASK, l[r], 1);
+        l[r] += __shfl_xor_sync(FULL_MASK, l[r], 2);
+    }
+    const int ta = t0 + r0, tb = t0 + r1;
+#pragma unroll
+    for (int n = 0; n < KS; ++n) {
+        const int col = h * D + 8 * n + 2 * c;
+        if (ta < a.n_tokens) {
+            a.out[(i64)ta * qwidth + col] = o[n][0] / l[0];
+            a.out[(i64)ta * qwidth + col + 1] = o[n][1] / l[0];
+        }
+        if (tb < a.n_tokens) {
+            a.out[(i64)tb * qwidth + col] = o[n][2] / l[1];
+            a.out[(i64)tb * qwidth + col + 1] = o[n][3] / l[1];
+        }
+    }
+}
