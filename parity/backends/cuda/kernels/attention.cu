@@ -1101,13 +1101,20 @@ __global__ void __launch_bounds__(128) attention_fast(AttnArgs a) {
     float m[2] = {NEG, NEG}, l[2] = {0.0f, 0.0f};  // running max and this thread's share of the sum
     for (int j0 = first / FAST_BN * FAST_BN; j0 <= end; j0 += FAST_BN) {
         __syncthreads();  // (the previous tile's readers are done)
-        for (int e = tid; e < FAST_BN * D; e += 128) {
+        for (int e = 4 * tid; e < FAST_BN * D; e += 4 * 128) {  // four columns a thread at once
             const int row = e / D, col = e % D, j = j0 + row;
             const bool in = j >= first && j <= end;  // a slot some token of the block sees
-            const float kx = in ? kbase[(i64)j * width + col] : 0.0f;
-            const float vx = in ? vbase[(i64)j * width + col] : 0.0f;
-            split_tf32(kx, kh[row * FAST_ROW + col], kl[row * FAST_ROW + col]);
-            split_tf32(vx, vh[row * FAST_ROW + col], vl[row * FAST_ROW + col]);
+            const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const i64 at_j = (i64)j * width + col;
+            const float4 kx = in ? *reinterpret_cast<const float4*>(kbase + at_j) : zero;
+            const float4 vx = in ? *reinterpret_cast<const float4*>(vbase + at_j) : zero;
+            const float ks[4] = {kx.x, kx.y, kx.z, kx.w}, vs[4] = {vx.x, vx.y, vx.z, vx.w};
+            const int at = row * FAST_ROW + col;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                split_tf32(ks[q], kh[at + q], kl[at + q]);
+                split_tf32(vs[q], vh[at + q], vl[at + q]);
+            }
         }
         __syncthreads();
         // scores of slots j0 + 8 n + 2 c + {0, 1} for rows r0 (sc[n][0..1]) and r1 ([2..3])
