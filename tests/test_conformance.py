@@ -24,11 +24,13 @@ from faulty_backends import (
 
 from parity.backends.cpu.backend import CpuBackend
 from parity.cli.main import main
-from parity.conformance.case import CaseFileError, load_case, save_case
+from parity.conformance.case import Case, CaseFileError, load_case, save_case
 from parity.conformance.harness import judge
 from parity.conformance.suite import op_suite
 from parity.core.backend import Device
+from parity.core.builder import GraphBuilder
 from parity.core.compare import diff_arrays
+from parity.core.dtypes import DType
 from parity.core.ir import Op
 from parity.core.plugins import Registry, _check_backend_class
 from parity.core.tiers import Manifest, Tier, backend_manifest
@@ -201,6 +203,32 @@ def test_declared_bound_is_enforced_not_just_reported():
         "Strict", (SloppyBackend,), {"name": "strict", "manifest": {"SWIGLU": "ulp<=0.5"}}
     )
     assert judge(_cpu(strict), SUITE["swiglu-576"].build()).failed
+
+
+def _swiglu_then_add() -> Case:
+    """SWIGLU, then an ADD of its output: an exact op past one a backend may loosen."""
+    b = GraphBuilder()
+    g, u, r = (b.input(name, DType.F32, (4, 64)) for name in "gur")
+    graph = b.build(b.op(Op.ADD, b.op(Op.SWIGLU, g, u), r))
+    rng = np.random.default_rng(0)
+    inputs = {name: rng.standard_normal((4, 64), dtype=np.float32) for name in "gur"}
+    return Case("swiglu-then-add", graph, inputs, {}, {})
+
+
+def _add_one_ulp(a, b, arg):
+    return np.nextafter(np.add(a, b), np.float32(np.inf))
+
+
+def test_an_exact_op_past_a_bounded_one_is_judged_on_the_inputs_it_was_given():
+    """The ADD reads the bounded SWIGLU's rounding: it is exact when it adds exactly what it
+    was given (the case is bound, not FAIL), and an ADD that is wrong on its own still fails."""
+    r = judge(_cpu(HonestSloppyBackend), _swiglu_then_add())
+    assert r.verdict == "bound", r.explain()
+    assert "SWIGLU" in r.explain() and "ADD" not in r.explain()
+    kernels = {**HonestSloppyBackend.kernels, Op.ADD: _add_one_ulp}
+    wrong = type("WrongAdd", (HonestSloppyBackend,), {"name": "wrong-add", "kernels": kernels})
+    r = judge(_cpu(wrong), _swiglu_then_add())
+    assert r.failed and "ADD[4, 64]: 256/256 elements differ, max ULP 1" in r.explain(), r.explain()
 
 
 @pytest.mark.parametrize(

@@ -315,7 +315,8 @@ def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
     the oracle under the tiers the backend declares. A case of a fusion (``case.rewrite``) runs
     as the backend rewrites it: every original node that still exists is judged, a fused node
     against the composition it replaces, a node the rewrite put in (a QUANTIZE) against the
-    oracle's value of it on the oracle's inputs. Whatever the backend raises, from its
+    oracle's value of it on the oracle's inputs; an exact node past a looser one (``_inheriting``)
+    against the oracle's value on the backend's inputs. Whatever the backend raises, from its
     constructor on, is a finding (FAIL), not an error of the kit."""
     original = case.graph
     subject = original.outputs[0]
@@ -371,13 +372,35 @@ def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
                       if graph.original(s) in reference.outputs}  # fmt: skip
             alone = node_case(graph, r, values, case.inputs, case.weights, case.states, case.id)
             want[r] = oracle(alone).outputs[alone.graph.outputs[0]]
+    tiers = [EXACT if n.op.is_leaf else manifest.tier_of(n, srcs_of[r])
+             for r, n in enumerate(graph.nodes)]  # fmt: skip
+    for r in _inheriting(graph, tiers, want):  # exact, on inputs a looser node made
+        values = {s: got.outputs[s] for s in graph.nodes[r].src if s in got.outputs}
+        alone = node_case(graph, r, values, case.inputs, case.weights, case.states, case.id)
+        want[r] = oracle(alone).outputs[alone.graph.outputs[0]]
     diffs, verdict = [], "FAIL" if problems else "exact"
     for r, value in sorted(want.items()):
         d = diff_arrays(r, graph.nodes[r].op.name, value, got.outputs[r])
         diffs.append(d)
-        node_verdict = manifest.tier_of(graph.nodes[r], srcs_of[r]).verdict(d)
-        verdict = max(verdict, node_verdict, key=VERDICTS.index)
+        verdict = max(verdict, tiers[r].verdict(d), key=VERDICTS.index)
     return result(verdict, diffs, problems, got.guarded)
+
+
+def _inheriting(graph: Graph, tiers: Sequence[Tier], judged: Mapping[int, object]) -> list[int]:
+    """The judged nodes of an exact tier that read, directly or not, a node of a looser one (a
+    fast tier's attention before the QUANTIZE and product of its output): the oracle's values
+    of those carry the looser node's rounding, so such a node is judged exact on the inputs the
+    backend gave it, as the oracle computes it from them."""
+    loose: set[int] = set()
+    found = []
+    for r, node in enumerate(graph.nodes):  # (sources come first)
+        if not tiers[r].exact:
+            loose.add(r)
+        elif any(s in loose for s in node.src):
+            loose.add(r)
+            if r in judged:
+                found.append(r)
+    return found
 
 
 def _origins(graph: Graph) -> list[tuple[int, int]]:
