@@ -1011,11 +1011,12 @@ __global__ void __launch_bounds__(CHUNK, D == 128 ? 1 : 2) attention_tiles(AttnA
 // weighted values are m16n8k8 TF32 products, each operand split in two (hi + lo, three
 // products: about float32's accuracy, as the triton backend's "tf32x3"); the running max and
 // sum rescaled with the project's exp; one division at the end. A tile's K and V rows are
-// split once into shared memory for the four warps; slots outside a token's window lo .. p
-// weigh +0.0, and rows no token of the block sees are never loaded. The weights go from the
-// scores' accumulator layout (columns 2t, 2t + 1 of each 8 slots) to the second product's A
-// operand (columns t, t + 4) with the slots in the order 0, 2, 4, 6, 1, 3, 5, 7, and the V rows
-// read in that order: no shuffle.
+// split once into shared memory for the four warps, and the next tile's loaded into registers
+// while this one's products run; the blocks of the latest tokens (the most tiles) go first.
+// Slots outside a token's window lo .. p weigh +0.0, and rows no token of the block sees are
+// never loaded. The weights go from the scores' accumulator layout (columns 2t, 2t + 1 of each
+// 8 slots) to the second product's A operand (columns t, t + 4) with the slots in the order
+// 0, 2, 4, 6, 1, 3, 5, 7, and the V rows read in that order: no shuffle.
 #define FAST_BN 32  // cache slots a tile
 #define FAST_ROW (64 + 4)  // words a shared row of K or V (heads of 64): conflict-free reads
 
@@ -1064,7 +1065,8 @@ __global__ void __launch_bounds__(128) attention_fast(AttnArgs a) {
     __shared__ __align__(16) u32 kh[FAST_BN * FAST_ROW], kl[FAST_BN * FAST_ROW];
     __shared__ __align__(16) u32 vh[FAST_BN * FAST_ROW], vl[FAST_BN * FAST_ROW];
     __shared__ int ps[64], los[64];
-    const int h = blockIdx.x, t0 = blockIdx.y * 64, tid = threadIdx.x;
+    // the latest tokens first: their blocks walk the most tiles, the short ones fill the tail
+    const int h = blockIdx.x, t0 = (gridDim.y - 1 - blockIdx.y) * 64, tid = threadIdx.x;
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     const int kv = h / (a.n_head / a.n_head_kv);
     const int width = a.n_head_kv * D, qwidth = a.n_head * D;
@@ -1099,17 +1101,28 @@ __global__ void __launch_bounds__(128) attention_fast(AttnArgs a) {
 #pragma unroll
     for (int n = 0; n < KS; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {NEG, NEG}, l[2] = {0.0f, 0.0f};  // running max and this thread's share of the sum
+    // the tile's K and V rows in registers, four columns a load (FAST_LOADS loads a thread)
+    constexpr int FAST_LOADS = FAST_BN * D / (4 * 128);
+    float4 kx[FAST_LOADS], vx[FAST_LOADS];
+    const auto fetch = [&](int j0) {
+#pragma unroll
+        for (int i = 0; i < FAST_LOADS; ++i) {
+            const int e = 4 * (tid + 128 * i), j = j0 + e / D;
+            const bool in = j >= first && j <= end;  // a slot some token of the block sees
+            const i64 at_j = (i64)j * width + e % D;
+            const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            kx[i] = in ? *reinterpret_cast<const float4*>(kbase + at_j) : zero;
+            vx[i] = in ? *reinterpret_cast<const float4*>(vbase + at_j) : zero;
+        }
+    };
+    fetch(first / FAST_BN * FAST_BN);
     for (int j0 = first / FAST_BN * FAST_BN; j0 <= end; j0 += FAST_BN) {
         __syncthreads();  // (the previous tile's readers are done)
-        for (int e = 4 * tid; e < FAST_BN * D; e += 4 * 128) {  // four columns a thread at once
-            const int row = e / D, col = e % D, j = j0 + row;
-            const bool in = j >= first && j <= end;  // a slot some token of the block sees
-            const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            const i64 at_j = (i64)j * width + col;
-            const float4 kx = in ? *reinterpret_cast<const float4*>(kbase + at_j) : zero;
-            const float4 vx = in ? *reinterpret_cast<const float4*>(vbase + at_j) : zero;
-            const float ks[4] = {kx.x, kx.y, kx.z, kx.w}, vs[4] = {vx.x, vx.y, vx.z, vx.w};
-            const int at = row * FAST_ROW + col;
+#pragma unroll
+        for (int i = 0; i < FAST_LOADS; ++i) {
+            const int e = 4 * (tid + 128 * i), at = e / D * FAST_ROW + e % D;
+            const float ks[4] = {kx[i].x, kx[i].y, kx[i].z, kx[i].w};
+            const float vs[4] = {vx[i].x, vx[i].y, vx[i].z, vx[i].w};
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 split_tf32(ks[q], kh[at + q], kl[at + q]);
@@ -1117,6 +1130,7 @@ __global__ void __launch_bounds__(128) attention_fast(AttnArgs a) {
             }
         }
         __syncthreads();
+        if (j0 + FAST_BN <= end) fetch(j0 + FAST_BN);  // the next tile's, in flight meanwhile
         // scores of slots j0 + 8 n + 2 c + {0, 1} for rows r0 (sc[n][0..1]) and r1 ([2..3])
         float sc[FAST_BN / 8][4];
 #pragma unroll
