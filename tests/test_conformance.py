@@ -22,7 +22,7 @@ from faulty_backends import (
     mul_past_the_end,
 )
 
-from parity.backends.cpu.backend import CpuBackend
+from parity.backends.cpu.backend import KERNELS, CpuBackend
 from parity.cli.main import main
 from parity.conformance.case import Case, CaseFileError, load_case, save_case
 from parity.conformance.harness import judge
@@ -229,6 +229,37 @@ def test_an_exact_op_past_a_bounded_one_is_judged_on_the_inputs_it_was_given():
     wrong = type("WrongAdd", (HonestSloppyBackend,), {"name": "wrong-add", "kernels": kernels})
     r = judge(_cpu(wrong), _swiglu_then_add())
     assert r.failed and "ADD[4, 64]: 256/256 elements differ, max ULP 1" in r.explain(), r.explain()
+
+
+def _mul_then_kv_write() -> Case:
+    """A MUL's rows written into a cache: the cache holds what a backend may loosen."""
+    b = GraphBuilder()
+    x, y = (b.input(name, DType.F32, (3, 64)) for name in "xy")
+    pos = b.input("pos", DType.I32, (3,))
+    graph = b.build(b.op(Op.KV_WRITE, b.state("k", (8, 64)), b.op(Op.MUL, x, y), pos))
+    rng = np.random.default_rng(1)
+    inputs = {n: rng.standard_normal((3, 64), dtype=np.float32) for n in "xy"}
+    inputs["pos"] = np.array([2, 3, 4], np.int32)
+    return Case("mul-then-kv-write", graph, inputs, {}, {"k": np.zeros((8, 64), np.float32)})
+
+
+def _mul_one_ulp(a, b, arg):
+    return np.nextafter(np.multiply(a, b), np.float32(np.inf))
+
+
+def test_a_cache_written_from_a_bounded_op_holds_the_rows_the_backend_made():
+    """The cache after the step is checked against the rows the bounded MUL gave, not the
+    oracle's: the case is bound; a write one row late still fails."""
+    kernels = {**KERNELS, Op.MUL: _mul_one_ulp}
+    fields = {"name": "loose-mul", "kernels": kernels, "manifest": {"*": "exact", "MUL": "ulp<=1"}}
+    loose = type("LooseMul", (CpuBackend,), fields)
+    r = judge(_cpu(loose), _mul_then_kv_write())
+    assert r.verdict == "bound", r.explain()
+    late = type("LateMul", (loose,), {"kernels": {**kernels, Op.KV_WRITE: kv_write_one_row_late}})
+    r = judge(_cpu(late), _mul_then_kv_write())
+    assert r.failed and "state 'k' differs from the oracle's after the step, first at row 2" in (
+        r.explain()
+    ), r.explain()
 
 
 @pytest.mark.parametrize(

@@ -359,7 +359,16 @@ def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
             backend.close()
     reference = oracle(case)
     problems = list(got.problems)
-    for name, want in reference.states.items():
+    tiers = [EXACT if n.op.is_leaf else manifest.tier_of(n, srcs_of[r])
+             for r, n in enumerate(graph.nodes)]  # fmt: skip
+    inheriting = {r: _on_its_inputs(graph, r, got.outputs, case)  # exact past a looser node
+                  for r in _inheriting(graph, tiers)}  # fmt: skip
+    states = dict(reference.states)  # (a cache written with rows a looser node made: those rows)
+    for r, (_, after) in inheriting.items():
+        if graph.nodes[r].op is Op.KV_WRITE:
+            name = graph.nodes[graph.nodes[r].src[0]].arg
+            states[name] = after[name]
+    for name, want in states.items():
         differ = got.states[name].view(np.uint32) != want.view(np.uint32)
         if differ.any():
             row = int(np.argmax(differ.any(axis=-1)))
@@ -372,12 +381,9 @@ def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
                       if graph.original(s) in reference.outputs}  # fmt: skip
             alone = node_case(graph, r, values, case.inputs, case.weights, case.states, case.id)
             want[r] = oracle(alone).outputs[alone.graph.outputs[0]]
-    tiers = [EXACT if n.op.is_leaf else manifest.tier_of(n, srcs_of[r])
-             for r, n in enumerate(graph.nodes)]  # fmt: skip
-    for r in _inheriting(graph, tiers, want):  # exact, on inputs a looser node made
-        values = {s: got.outputs[s] for s in graph.nodes[r].src if s in got.outputs}
-        alone = node_case(graph, r, values, case.inputs, case.weights, case.states, case.id)
-        want[r] = oracle(alone).outputs[alone.graph.outputs[0]]
+    for r, (value, _) in inheriting.items():
+        if r in want:
+            want[r] = value
     diffs, verdict = [], "FAIL" if problems else "exact"
     for r, value in sorted(want.items()):
         d = diff_arrays(r, graph.nodes[r].op.name, value, got.outputs[r])
@@ -386,11 +392,11 @@ def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
     return result(verdict, diffs, problems, got.guarded)
 
 
-def _inheriting(graph: Graph, tiers: Sequence[Tier], judged: Mapping[int, object]) -> list[int]:
-    """The judged nodes of an exact tier that read, directly or not, a node of a looser one (a
-    fast tier's attention before the QUANTIZE and product of its output): the oracle's values
-    of those carry the looser node's rounding, so such a node is judged exact on the inputs the
-    backend gave it, as the oracle computes it from them."""
+def _inheriting(graph: Graph, tiers: Sequence[Tier]) -> list[int]:
+    """The computed nodes of an exact tier that read, directly or not, a node of a looser one (a
+    fast tier's attention before the QUANTIZE and product of its output, its products before
+    the cache writes): the oracle's values of those carry the looser node's rounding, so such a
+    node is judged exact on the inputs the backend gave it (``_on_its_inputs``)."""
     loose: set[int] = set()
     found = []
     for r, node in enumerate(graph.nodes):  # (sources come first)
@@ -398,9 +404,19 @@ def _inheriting(graph: Graph, tiers: Sequence[Tier], judged: Mapping[int, object
             loose.add(r)
         elif any(s in loose for s in node.src):
             loose.add(r)
-            if r in judged:
-                found.append(r)
+            found.append(r)
     return found
+
+
+def _on_its_inputs(
+    graph: Graph, r: int, values: Mapping[int, np.ndarray], case: Case
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The oracle's value of node ``r`` alone, its computed sources given ``values``, and the
+    states after it."""
+    given = {s: values[s] for s in graph.nodes[r].src if s in values}
+    alone = node_case(graph, r, given, case.inputs, case.weights, case.states, case.id)
+    ran = oracle(alone)
+    return ran.outputs[alone.graph.outputs[0]], ran.states
 
 
 def _origins(graph: Graph) -> list[tuple[int, int]]:
