@@ -188,10 +188,12 @@ FOLD_BATCH = 1
 HEADS_TOGETHER_CHUNKS = {64: 0, 128: 0, 256: 0}
 # a prefill's attention under numerics = "fast" (heads of 64) as flash attention on the tensor
 # cores (attention.cu's attention_fast: TF32 products of split operands, an online softmax),
-# where the exact kernels make every score and weight on the float pipes (about 2 of Qwen's
-# 11 ms 512-token prefill, and most of a 4,096-token one: docs/perf.md). Emulator-checked
-# against the fast tier; until a GPU has run and timed it: off
-FAST_ATTENTION = False
+# where the exact kernels make every score and weight on the float pipes, from prompts of this
+# many tokens (0: every prefill). On an H100 (docs/perf.md, eleventh session) it wins for both
+# twins at 4,096 tokens (SmolLM2 +4 to +7 %, Qwen +22 to +24 %) and for Qwen from 512 (+3 %),
+# but loses SmolLM2's 512 and 1,024 (-3 %, -2 %): a block of 64 tokens to an SM there, latency
+# bound. So from 2,048
+FAST_ATTENTION_TOKENS = 2048
 HEADS_WIDTH_MAX = 1024  # ... (attention.cu's shared memory: 36 KiB of tiles, 4 KiB of q)
 NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs
 
@@ -762,7 +764,7 @@ class Lowering:
         a.window = arg.window
         chunks = -(-n_ctx // 256)
         seen = chunks if not arg.window else min(chunks, -(-(arg.window - 1) // 256) + 1)
-        if self.fast and FAST_ATTENTION and t > SPLIT_TOKENS and d == 64:
+        if self.fast and t > max(SPLIT_TOKENS, FAST_ATTENTION_TOKENS - 1) and d == 64:
             a.oq = a.od = a.os = None  # (its QUANTIZE: a launch of its own)
             a.n_tokens = t
             self._launch("attention.cu", f"attention_fast<{d}>", (arg.n_head, -(-t // 64), 1),
