@@ -194,6 +194,10 @@ HEADS_TOGETHER_CHUNKS = {64: 0, 128: 0, 256: 0}
 # but loses SmolLM2's 512 and 1,024 (-3 %, -2 %): a block of 64 tokens to an SM there, latency
 # bound. So from 2,048
 FAST_ATTENTION_TOKENS = 2048
+# ... and its groups of four warps a block, each walking every other tile of the cache (2: half
+# the walk of the longest blocks; at 512 tokens the blocks are one a multiprocessor, the
+# longest walking 16 tiles). Until a GPU times 2: 1
+FAST_ATTENTION_GROUPS = 1
 HEADS_WIDTH_MAX = 1024  # ... (attention.cu's shared memory: 36 KiB of tiles, 4 KiB of q)
 NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs
 
@@ -767,8 +771,10 @@ class Lowering:
         if self.fast and t > max(SPLIT_TOKENS, FAST_ATTENTION_TOKENS - 1) and d == 64:
             a.oq = a.od = a.os = None  # (its QUANTIZE: a launch of its own)
             a.n_tokens = t
-            self._launch("attention.cu", f"attention_fast<{d}>", (arg.n_head, -(-t // 64), 1),
-                         (128, 1, 1), [a])  # fmt: skip
+            groups = FAST_ATTENTION_GROUPS  # (shared: attention.cu's FAST_SHARED(groups))
+            self._launch("attention.cu", f"attention_fast<{d}, {groups}>",
+                         (arg.n_head, -(-t // 64), 1), (128 * groups, 1, 1), [a],
+                         groups * 4 * 32 * (64 + 4) * 4)  # fmt: skip
             return
         if t <= SPLIT_TOKENS:  # flash decoding: a block a (head, token, chunk)
             th = t * arg.n_head

@@ -1005,9 +1005,12 @@ __global__ void __launch_bounds__(CHUNK, D == 128 ? 1 : 2) attention_tiles(AttnA
 // ---- prefill in fast numerics: flash attention on the tensor cores -----------------------------
 //
 // attention_fast<D>: ATTENTION under numerics = "fast" (docs/numerics.md's budget: an online
-// softmax, any order), for a prefill. Grid (n_head, ceil(T / 64)), 128 threads: warp w takes
-// the 16 tokens t0 + 16 w .. of head h and walks the cache FAST_BN slots at a time, from the
-// lowest window start of the block's tokens to their highest position. Scores and the
+// softmax, any order), for a prefill. Grid (n_head, ceil(T / 64)), G groups of 128 threads:
+// warp w of each group takes the 16 tokens t0 + 16 w .. of head h, and group k walks tiles k,
+// k + G, .. of the cache (FAST_BN slots a tile) from the lowest window start of the block's
+// tokens to their highest position; group 1's running sums are merged into group 0's at the
+// end (G = 2: half the walk for the longest blocks, when a prompt's blocks do not fill the
+// GPU). Scores and the
 // weighted values are m16n8k8 TF32 products, each operand split in two (hi + lo, three
 // products: about float32's accuracy, as the triton backend's "tf32x3"); the running max and
 // sum rescaled with the project's exp; one division at the end. A tile's K and V rows are
@@ -1019,6 +1022,9 @@ __global__ void __launch_bounds__(CHUNK, D == 128 ? 1 : 2) attention_tiles(AttnA
 // 0, 2, 4, 6, 1, 3, 5, 7, and the V rows read in that order: no shuffle.
 #define FAST_BN 32  // cache slots a tile
 #define FAST_ROW (64 + 4)  // words a shared row of K or V (heads of 64): conflict-free reads
+#define FAST_TILE (FAST_BN * FAST_ROW)  // words of a tile's K or V, hi or lo
+// dynamic shared memory of attention_fast<64, G>, bytes: each group's tile (K and V, hi and lo)
+#define FAST_SHARED(G) ((G) * 4 * FAST_TILE * 4)
 
 __device__ __forceinline__ u32 to_tf32(float x) {
 #ifdef PARITY_EMULATOR
@@ -1057,25 +1063,30 @@ __device__ __forceinline__ void mma_3xtf32(float (&d)[4], const u32 (&ah)[4], co
     mma_tf32(d, ah, bh);
 }
 
-template <int D>
-__global__ void __launch_bounds__(128) attention_fast(AttnArgs a) {
+template <int D, int G>
+__global__ void __launch_bounds__(128 * G) attention_fast(AttnArgs a) {
     pdl_begin();
     static_assert(D == 64, "heads of 64 (the q fragments stay in registers)");
+    static_assert(G == 1 || G == 2, "one or two groups of four warps");
     constexpr int KS = D / 8;  // k-steps of a score, n-tiles of an output row
-    __shared__ __align__(16) u32 kh[FAST_BN * FAST_ROW], kl[FAST_BN * FAST_ROW];
-    __shared__ __align__(16) u32 vh[FAST_BN * FAST_ROW], vl[FAST_BN * FAST_ROW];
+    extern __shared__ __align__(16) u32 fast_smem[];  // FAST_SHARED(G) bytes
     __shared__ int ps[64], los[64];
     // the latest tokens first: their blocks walk the most tiles, the short ones fill the tail
-    const int h = blockIdx.x, t0 = (gridDim.y - 1 - blockIdx.y) * 64, tid = threadIdx.x;
+    const int h = blockIdx.x, t0 = (gridDim.y - 1 - blockIdx.y) * 64;
+    const int group = threadIdx.x >> 7, tid = threadIdx.x & 127;  // (tid: within the group)
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    u32* kh = fast_smem + group * 4 * FAST_TILE;  // this group's tile, split
+    u32* kl = kh + FAST_TILE;
+    u32* vh = kl + FAST_TILE;
+    u32* vl = vh + FAST_TILE;
     const int kv = h / (a.n_head / a.n_head_kv);
     const int width = a.n_head_kv * D, qwidth = a.n_head * D;
     const float* kbase = a.k + kv * D;
     const float* vbase = a.v + kv * D;
-    if (tid < 64) {  // (tokens past the last: the last token's, not stored)
-        const int t = min(t0 + tid, a.n_tokens - 1);
-        ps[tid] = a.positions[t];
-        los[tid] = window_lo(a, ps[tid]);
+    if (threadIdx.x < 64) {  // (tokens past the last: the last token's, not stored)
+        const int t = min(t0 + (int)threadIdx.x, a.n_tokens - 1);
+        ps[threadIdx.x] = a.positions[t];
+        los[threadIdx.x] = window_lo(a, ps[threadIdx.x]);
     }
     __syncthreads();
     int first = los[0], end = ps[0];
@@ -1115,8 +1126,13 @@ __global__ void __launch_bounds__(128) attention_fast(AttnArgs a) {
             vx[i] = in ? *reinterpret_cast<const float4*>(vbase + at_j) : zero;
         }
     };
-    fetch(first / FAST_BN * FAST_BN);
-    for (int j0 = first / FAST_BN * FAST_BN; j0 <= end; j0 += FAST_BN) {
+    // group k takes tiles k, k + G, ..: every group makes the same number of rounds (each with
+    // the block's barriers), a group past the last tile loads zeros and skips the products
+    const int j_first = first / FAST_BN * FAST_BN;
+    const int rounds = ((end - j_first) / FAST_BN + G) / G;
+    fetch(j_first + group * FAST_BN);
+    for (int round = 0; round < rounds; ++round) {
+        const int j0 = j_first + (round * G + group) * FAST_BN;
         __syncthreads();  // (the previous tile's readers are done)
 #pragma unroll
         for (int i = 0; i < FAST_LOADS; ++i) {
@@ -1130,7 +1146,8 @@ __global__ void __launch_bounds__(128) attention_fast(AttnArgs a) {
             }
         }
         __syncthreads();
-        if (j0 + FAST_BN <= end) fetch(j0 + FAST_BN);  // the next tile's, in flight meanwhile
+        if (j0 + G * FAST_BN <= end) fetch(j0 + G * FAST_BN);  // the next, in flight meanwhile
+        if (j0 > end) continue;  // (this group's rounds are done; the barriers are not)
         // scores of slots j0 + 8 n + 2 c + {0, 1} for rows r0 (sc[n][0..1]) and r1 ([2..3])
         float sc[FAST_BN / 8][4];
 #pragma unroll
@@ -1197,6 +1214,32 @@ __global__ void __launch_bounds__(128) attention_fast(AttnArgs a) {
                 mma_3xtf32(o[d], wh, wl, bh, bl);
             }
         }
+    }
+    if (G > 1) {  // group 1's running max, sums and rows to group 0, rescaled to the max of both
+        __syncthreads();  // (the tiles' readers are done: the merge reuses their memory)
+        float* part = reinterpret_cast<float*>(fast_smem) + tid;  // (a word a thread, a row)
+        if (group == 1) {
+            part[0] = m[0], part[128] = m[1], part[256] = l[0], part[384] = l[1];
+#pragma unroll
+            for (int n = 0; n < KS; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) part[128 * (4 + 4 * n + i)] = o[n][i];
+        }
+        __syncthreads();
+        if (group == 1) return;
+        float keep[2], take[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float other = part[128 * r], mn = fmaxf(m[r], other);
+            keep[r] = m[r] == NEG ? 0.0f : p_exp(m[r] - mn);  // (NEG: no slot seen)
+            take[r] = other == NEG ? 0.0f : p_exp(other - mn);
+            l[r] = l[r] * keep[r] + part[128 * (2 + r)] * take[r];
+        }
+#pragma unroll
+        for (int n = 0; n < KS; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                o[n][i] = o[n][i] * keep[i >> 1] + part[128 * (4 + 4 * n + i)] * take[i >> 1];
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
