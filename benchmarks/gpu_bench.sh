@@ -98,10 +98,10 @@ together="HEADS_TOGETHER_CHUNKS[64]=3 HEADS_TOGETHER_CHUNKS[128]=3 HEADS_TOGETHE
 # (ninth session: a prefill's norms a row a warp, NORM_WARP_WIDTH_MAX; gate/up quantizing its
 # output for down, MMA_QUANTIZE; Gemma 3's gate, up and GEGLU as one GEMM, MMA_GLU; q, k, v too,
 # MMA_MULTI: on since the tenth session's A/B but MMA_QUANTIZE)
-# (tenth session: a decode step's norms a row a warp, NORM_WARP_DECODE; 64-token GEMM blocks
-# for Q4_K's and Q6_K's ungated products only, MMA_TOKENS_BY_TYPE)
-by_type="MMA_TOKENS_BY_TYPE[12]=64 MMA_TOKENS_BY_TYPE[14]=64"
-switches=${SWITCHES:-"NORM_WARP_DECODE=1 $by_type MMA_TOKENS=64 MMA_QUANTIZE=1 WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 $together"}
+# (tenth session: a decode step's norms a row a warp, NORM_WARP_DECODE, half a millisecond a
+# step slower in the eleventh's A/B)
+# (eleventh session: 64-token GEMM blocks for the deep ungated products, MMA_DEEP_K)
+switches=${SWITCHES:-"NORM_WARP_DECODE=1 MMA_DEEP_K=4096 MMA_TOKENS=64 MMA_QUANTIZE=1 WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 $together"}
 all=${switches// /,}
 if [ "${DEEP:-0}" = 1 ]; then  # flash decoding's switches, deep in the cache
   fold=FOLD_BATCH=8; caps=CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2
@@ -113,9 +113,9 @@ if [ "${DEEP:-0}" = 1 ]; then  # flash decoding's switches, deep in the cache
   POSITION=${POSITION:-4000}
 else
   # (tenth session, H100, one switch a variant: the prefill's norms, q/k/v and Gemma 3's GLU
-  # adopted, docs/perf.md; next: the decode norms a row a warp, the GEMM's 64-token blocks by
-  # type, and the decode norms' block of 256 threads)
-  variants=${VARIANTS:-"- NORM_WARP_DECODE=1 ${by_type// /,} NORM_DECODE_THREADS=256"}
+  # adopted, docs/perf.md; eleventh: the decode norms a row a warp, the GEMM's 64-token blocks
+  # by type and the decode norms' block of 256 threads all lost; next: the blocks by depth)
+  variants=${VARIANTS:-"- MMA_DEEP_K=4096"}
 fi
 if [ "$stage" = candidates ]; then
   (bash .peer/llamacpp-cuda.sh build > /tmp/lcpp_build.txt 2>&1; echo "build rc $?" >> /tmp/lcpp_build.txt) &

@@ -226,11 +226,10 @@ def test_gemm_of_64_tokens_a_block_is_bit_exact_in_the_emulator(case, monkeypatc
     assert blocks == {512} and all(n.endswith(", 1, 64>") for n in names), launched
 
 
-def test_gemm_tokens_by_weight_type_are_bit_exact_in_the_emulator(monkeypatch):
-    """MMA_TOKENS_BY_TYPE: a prefill's FFN of Q4_K weights with 64-token blocks for Q4_K's
-    ungated products (down) and 32 for the gated gate/up and the other types' products."""
-    launched = _judge_with("fusion-ffn-Q4_K-256x512-t40", monkeypatch,
-                           MMA_TOKENS_BY_TYPE={12: 64, 14: 64})  # fmt: skip
+def test_gemm_tokens_by_depth_are_bit_exact_in_the_emulator(monkeypatch):
+    """MMA_DEEP_K: a prefill's FFN of Q4_K weights with 64-token blocks for the ungated
+    product of K 512 (down) and 32 for the gated gate/up of K 256."""
+    launched = _judge_with("fusion-ffn-Q4_K-256x512-t40", monkeypatch, MMA_DEEP_K=512)
     names = [name for name, _ in launched if name.startswith("gemm_mma<")]
     gated = [n for n in names if n[:-1].split(", ")[1] in ("4", "8")]  # (EPI: SWIGLU, GEGLU)
     assert gated and all(not n.endswith(", 64>") for n in gated), names

@@ -61,10 +61,11 @@ MMA_TILE = 32  # rows of a gemm_mma block (matmul.cu's MmaGeom BN)
 # (ninth session, one round, with other switches): Qwen's Q6_K and Q4_K down products 12 and
 # 6 % faster at 64, the gated and SmolLM2's Q4_1 products 3-16 % slower: 32
 MMA_TOKENS = 32
-# ... and by weight type (GGML type id: tokens) for a prefill's ungated products (o, down, q/k/v
-# one at a time): that H200 round's faster ones alone, Q6_K (14) and Q4_K (12) at 64. Until a
-# GPU times them alone: none
-MMA_TOKENS_BY_TYPE: dict[int, int] = {}
+# ... and 64 for a prefill's ungated products (o, down, q/k/v one at a time) whose reduction
+# is at least this deep (0: none): on the H100 (eleventh session) Qwen's down products, K of
+# 4,864, ran 5-12 % faster at 64, Gemma 3's of K 2,048 and less 6 % slower (docs/perf.md).
+# Until a GPU times 4,096: 0
+MMA_DEEP_K = 0
 # ... and the blocks a multiprocessor should hold (its __launch_bounds__' minimum): 2, 128
 # registers; 3 caps them at 80 (12-56 bytes spilled) for 24 warps a multiprocessor instead of
 # 16 (Qwen's gate/up GEMM: 3.9 of a 12 ms 512-token prefill, far from the tensor cores' speed,
@@ -926,7 +927,7 @@ class Lowering:
                          [pointer(out), xq, *common])  # fmt: skip
             return False
         gated = bool(epi & (EPI_SWIGLU | EPI_GEGLU))
-        tokens = MMA_TOKENS if gated else MMA_TOKENS_BY_TYPE.get(w.dtype.value, MMA_TOKENS)
+        tokens = 64 if not gated and 0 < MMA_DEEP_K <= k else MMA_TOKENS
         shared = gemm_mma_shared(w.dtype, gated, k, tokens)
         if shared is not None:  # the tensor-core GEMM
             mma = f"{w.dtype.value}, {epi}{mma_variant(tokens)}"
