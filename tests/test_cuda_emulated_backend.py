@@ -42,12 +42,12 @@ SLOW = {
 }
 
 
-def _backend(reverse: bool = False):
+def _backend(reverse: bool = False, numerics: str = "exact"):
     from cuda_emulator.backend import EmulatedCudaBackend
 
     from parity.core.backend import Device
 
-    backend = EmulatedCudaBackend(Device("cuda", 0))
+    backend = EmulatedCudaBackend(Device("cuda", 0), numerics=numerics)
     backend.driver.reverse = reverse
     return backend
 
@@ -55,9 +55,11 @@ def _backend(reverse: bool = False):
 CASES = {spec.id: spec for spec in op_suite()}
 
 
-def _judge_with(case: str, monkeypatch, **switches) -> list[tuple[str, int]]:
-    """Case ``case`` judged bit-exact with the lowering's ``switches`` set; the kernels it
-    launched (name, threads a block)."""
+def _judge_with(
+    case: str, monkeypatch, numerics: str = "exact", verdict: str = "exact", **switches
+) -> list[tuple[str, int]]:
+    """Case ``case`` judged in ``numerics`` (bit-exact, or the ``verdict`` given) with the
+    lowering's ``switches`` set; the kernels it launched (name, threads a block)."""
     from cuda_emulator.backend import EmulatedDriver
 
     from parity.backends.cuda import lowering
@@ -73,8 +75,8 @@ def _judge_with(case: str, monkeypatch, **switches) -> list[tuple[str, int]]:
         launch(self, made, stream)
 
     monkeypatch.setattr(EmulatedDriver, "launch", recorded)
-    result = judge(_backend, CASES[case].build())
-    assert result.verdict == "exact", result.explain()
+    result = judge(partial(_backend, numerics=numerics), CASES[case].build())
+    assert result.verdict == verdict, result.explain()
     return launched
 
 
@@ -468,23 +470,8 @@ def test_gemma3_norms_wider_than_a_block_are_bit_exact_in_the_emulator(
 def test_fast_numerics_keep_the_exact_attention_below_fast_attention_tokens(monkeypatch) -> None:
     """A prompt shorter than FAST_ATTENTION_TOKENS keeps the exact kernels under fast numerics
     too (on an H100 they are the faster there for SmolLM2: lowering.py)."""
-    from cuda_emulator.backend import EmulatedCudaBackend, EmulatedDriver
-
-    from parity.conformance.harness import judge
-    from parity.core.backend import Device
-
-    launched: list[str] = []
-    launch = EmulatedDriver.launch
-
-    def recorded(self, made, stream):
-        launched.append(self.library.kernel(made.fn)[1])
-        launch(self, made, stream)
-
-    monkeypatch.setattr(EmulatedDriver, "launch", recorded)
-    result = judge(lambda: EmulatedCudaBackend(Device("cuda", 0), numerics="fast"),
-                   CASES["attention-rope-neox64-14x2x64-p40-t7"].build())  # fmt: skip
-    assert result.verdict == "exact", result.explain()
-    assert launched and not any(k.startswith("attention_fast") for k in launched), launched
+    launched = _judge_with("attention-rope-neox64-14x2x64-p40-t7", monkeypatch, "fast")
+    assert launched and not any(k.startswith("attention_fast") for k, _ in launched), launched
 
 
 # a prefill's attention with heads of 64: windows, a cache before the prompt, GQA of 3 to 7,
@@ -510,24 +497,8 @@ def test_fast_attention_is_within_its_tier_in_the_emulator(
     kernel launched, with one group of warps a block or two (FAST_ATTENTION_GROUPS, merged at
     the end); under "exact" the exact kernels still, bit for bit. (Mutations caught: the V
     rows' order, no rescaling of the running sums.)"""
-    from cuda_emulator.backend import EmulatedCudaBackend, EmulatedDriver
-
-    from parity.backends.cuda import lowering
-    from parity.conformance.harness import judge
-    from parity.core.backend import Device
-
-    monkeypatch.setattr(lowering, "FAST_ATTENTION_TOKENS", 0)  # (the cases are short)
-    monkeypatch.setattr(lowering, "FAST_ATTENTION_GROUPS", groups)
-    launched: list[str] = []
-    launch = EmulatedDriver.launch
-
-    def recorded(self, made, stream):
-        launched.append(self.library.kernel(made.fn)[1])
-        launch(self, made, stream)
-
-    monkeypatch.setattr(EmulatedDriver, "launch", recorded)
-    result = judge(lambda: EmulatedCudaBackend(Device("cuda", 0), numerics=numerics),
-                   CASES[case].build())  # fmt: skip
     fast = numerics == "fast"
-    assert result.verdict == ("bound" if fast else "exact"), result.explain()
+    launched = _judge_with(case, monkeypatch, numerics, "bound" if fast else "exact",
+                           FAST_ATTENTION_TOKENS=0, FAST_ATTENTION_GROUPS=groups)  # fmt: skip
+    launched = [name for name, _ in launched]
     assert (f"attention_fast<64, {groups}>" in launched) == fast, launched
