@@ -260,12 +260,11 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
     NORM_WARP_WIDTH_MAX=2048 -- -m parity conformance cuda -k fusion -k norm &  # (ninth session)
   run conformance_decode_norms python3 benchmarks/with_lowering.py NORM_WARP_DECODE=1 -- \
     -m parity conformance cuda -k fusion -k norm &  # (tenth session)
-  run conformance_fast_attention python3 benchmarks/with_lowering.py FAST_ATTENTION_TOKENS=0 -- \
-    -m parity conformance cuda --numerics fast -k attention &  # (tenth session: tensor cores)
-  run conformance_fast_attention2 python3 benchmarks/with_lowering.py FAST_ATTENTION_TOKENS=0 \
-    FAST_ATTENTION_GROUPS=2 -- -m parity conformance cuda --numerics fast -k attention &
+  # (fast attention, on under numerics = fast since the eleventh session: conformance_cuda)
+  run conformance_fast_attention2 python3 benchmarks/with_lowering.py FAST_ATTENTION_GROUPS=2 \
+    -- -m parity conformance cuda --numerics fast -k attention &  # (eleventh: two warp groups)
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
-         conformance_decode_norms conformance_fast_attention conformance_fast_attention2)
+         conformance_decode_norms conformance_fast_attention2)
   # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
   if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
     files+=(conformance_triton)

@@ -31,7 +31,7 @@ from parity.core.backend import Device
 from parity.core.builder import GraphBuilder
 from parity.core.compare import diff_arrays
 from parity.core.dtypes import DType
-from parity.core.ir import Op
+from parity.core.ir import AttentionArg, Op
 from parity.core.plugins import Registry, _check_backend_class
 from parity.core.tiers import Manifest, Tier, backend_manifest
 from parity.errors import PluginError
@@ -224,7 +224,8 @@ def test_an_exact_op_past_a_bounded_one_is_judged_on_the_inputs_it_was_given():
     was given (the case is bound, not FAIL), and an ADD that is wrong on its own still fails."""
     r = judge(_cpu(HonestSloppyBackend), _swiglu_then_add())
     assert r.verdict == "bound", r.explain()
-    assert "SWIGLU" in r.explain() and "ADD" not in r.explain()
+    assert "SWIGLU[4, 64]" in r.explain() and "(declared tier: ulp<=8)" in r.explain()
+    assert "ADD" not in r.explain()
     kernels = {**HonestSloppyBackend.kernels, Op.ADD: _add_one_ulp}
     wrong = type("WrongAdd", (HonestSloppyBackend,), {"name": "wrong-add", "kernels": kernels})
     r = judge(_cpu(wrong), _swiglu_then_add())
@@ -243,18 +244,36 @@ def _mul_then_kv_write() -> Case:
     return Case("mul-then-kv-write", graph, inputs, {}, {"k": np.zeros((8, 64), np.float32)})
 
 
+def _mul_then_attention() -> Case:
+    """The MUL's rows as the keys of an exact ATTENTION (through the cache's KV_WRITE)."""
+    b = GraphBuilder()
+    x, y, v, q = (b.input(name, DType.F32, (3, 64)) for name in "xyvq")
+    pos = b.input("pos", DType.I32, (3,))
+    k = b.op(Op.KV_WRITE, b.state("k", (8, 64)), b.op(Op.MUL, x, y), pos)
+    v = b.op(Op.KV_WRITE, b.state("v", (8, 64)), v, pos)
+    graph = b.build(b.op(Op.ATTENTION, q, k, v, pos, arg=AttentionArg(1, 1, 64, 0.125, 0)))
+    rng = np.random.default_rng(2)
+    inputs = {n: rng.standard_normal((3, 64), dtype=np.float32) for n in "xyvq"}
+    inputs["pos"] = np.array([0, 1, 2], np.int32)
+    states = {n: np.zeros((8, 64), np.float32) for n in "kv"}
+    return Case("mul-then-attention", graph, inputs, {}, states)
+
+
 def _mul_one_ulp(a, b, arg):
     return np.nextafter(np.multiply(a, b), np.float32(np.inf))
 
 
 def test_a_cache_written_from_a_bounded_op_holds_the_rows_the_backend_made():
     """The cache after the step is checked against the rows the bounded MUL gave, not the
-    oracle's: the case is bound; a write one row late still fails."""
+    oracle's, and so is an exact ATTENTION that reads them: the cases are bound; a write one
+    row late still fails."""
     kernels = {**KERNELS, Op.MUL: _mul_one_ulp}
     fields = {"name": "loose-mul", "kernels": kernels, "manifest": {"*": "exact", "MUL": "ulp<=1"}}
     loose = type("LooseMul", (CpuBackend,), fields)
     r = judge(_cpu(loose), _mul_then_kv_write())
     assert r.verdict == "bound", r.explain()
+    r = judge(_cpu(loose), _mul_then_attention())  # (the keys: the rows the MUL gave)
+    assert r.verdict == "bound" and "ATTENTION" not in r.explain(), r.explain()
     late = type("LateMul", (loose,), {"kernels": {**kernels, Op.KV_WRITE: kv_write_one_row_late}})
     r = judge(_cpu(late), _mul_then_kv_write())
     assert r.failed and "state 'k' differs from the oracle's after the step, first at row 2" in (

@@ -56,10 +56,16 @@ CASES = {spec.id: spec for spec in op_suite()}
 
 
 def _judge_with(
-    case: str, monkeypatch, numerics: str = "exact", verdict: str = "exact", **switches
+    case: str,
+    monkeypatch,
+    numerics: str = "exact",
+    verdict: str = "exact",
+    reverse: bool = False,
+    **switches,
 ) -> list[tuple[str, int]]:
     """Case ``case`` judged in ``numerics`` (bit-exact, or the ``verdict`` given) with the
-    lowering's ``switches`` set; the kernels it launched (name, threads a block)."""
+    lowering's ``switches`` set (``reverse``: the emulator's threads in reverse order); the
+    kernels it launched (name, threads a block)."""
     from cuda_emulator.backend import EmulatedDriver
 
     from parity.backends.cuda import lowering
@@ -75,7 +81,7 @@ def _judge_with(
         launch(self, made, stream)
 
     monkeypatch.setattr(EmulatedDriver, "launch", recorded)
-    result = judge(partial(_backend, numerics=numerics), CASES[case].build())
+    result = judge(partial(_backend, reverse, numerics), CASES[case].build())
     assert result.verdict == verdict, result.explain()
     return launched
 
@@ -228,14 +234,17 @@ def test_gemm_of_64_tokens_a_block_is_bit_exact_in_the_emulator(case, monkeypatc
     assert blocks == {512} and all(n.endswith(", 1, 64>") for n in names), launched
 
 
-def test_gemm_tokens_by_depth_are_bit_exact_in_the_emulator(monkeypatch):
-    """MMA_DEEP_K: a prefill's FFN of Q4_K weights with 64-token blocks for the ungated
-    product of K 512 (down) and 32 for the gated gate/up of K 256."""
-    launched = _judge_with("fusion-ffn-Q4_K-256x512-t40", monkeypatch, MMA_DEEP_K=512)
+@pytest.mark.parametrize("deep", [256, 1024])
+def test_gemm_tokens_by_depth_are_bit_exact_in_the_emulator(deep, monkeypatch):
+    """MMA_DEEP_K: a prefill's FFN of Q4_K weights; from K 256 on, 64-token blocks for the
+    ungated product of K 512 (down) and still 32 for the gated gate/up of K 256; from 1,024,
+    none."""
+    launched = _judge_with("fusion-ffn-Q4_K-256x512-t40", monkeypatch, MMA_DEEP_K=deep)
     names = [name for name, _ in launched if name.startswith("gemm_mma<")]
     gated = [n for n in names if n[:-1].split(", ")[1] in ("4", "8")]  # (EPI: SWIGLU, GEGLU)
     assert gated and all(not n.endswith(", 64>") for n in gated), names
-    assert any(n.startswith("gemm_mma<12, ") and n.endswith(", 1, 64>") for n in names), names
+    deep_down = [n for n in names if n.startswith("gemm_mma<12, ") and n.endswith(", 1, 64>")]
+    assert bool(deep_down) == (deep <= 512), names
 
 
 @pytest.mark.parametrize("case", ["fusion-ffn-Q5_0-256x512-t40", "fusion-ffn-Q4_K-256x512-t40"])
@@ -467,11 +476,13 @@ def test_gemma3_norms_wider_than_a_block_are_bit_exact_in_the_emulator(
     assert report.identical_share == 1.0 and report.tokens_agree == 2
 
 
-def test_fast_numerics_keep_the_exact_attention_below_fast_attention_tokens(monkeypatch) -> None:
-    """A prompt shorter than FAST_ATTENTION_TOKENS keeps the exact kernels under fast numerics
-    too (on an H100 they are the faster there for SmolLM2: lowering.py)."""
-    launched = _judge_with("attention-rope-neox64-14x2x64-p40-t7", monkeypatch, "fast")
-    assert launched and not any(k.startswith("attention_fast") for k, _ in launched), launched
+def test_fast_numerics_keep_flash_decoding(monkeypatch) -> None:
+    """A decode step's attention (tokens up to SPLIT_TOKENS) keeps the exact flash-decoding
+    kernels under fast numerics: attention_fast is a prefill's."""
+    launched = _judge_with("attention-9x3x64-p511-t2", monkeypatch, "fast")
+    names = [name for name, _ in launched]
+    assert "attention_chunks" in " ".join(names), names
+    assert not any(name.startswith("attention_fast") for name in names), names
 
 
 # a prefill's attention with heads of 64: windows, a cache before the prompt, GQA of 3 to 7,
@@ -487,6 +498,8 @@ FAST_ATTENTION_CASES = [
 
 
 @pytest.mark.parametrize("numerics, groups", [("fast", 1), ("fast", 2), ("exact", 1)])
+# (two groups with the emulator's threads in reverse order: a merge that read group 1's sums
+# before they were written, or wrote them over tiles still read, would show)
 @pytest.mark.parametrize("case", FAST_ATTENTION_CASES)
 def test_fast_attention_is_within_its_tier_in_the_emulator(
     case, numerics, groups, monkeypatch
@@ -496,9 +509,9 @@ def test_fast_attention_is_within_its_tier_in_the_emulator(
     fragments), judged against the oracle under the backend's fast tier (NMSE 1e-8), the
     kernel launched, with one group of warps a block or two (FAST_ATTENTION_GROUPS, merged at
     the end); under "exact" the exact kernels still, bit for bit. (Mutations caught: the V
-    rows' order, no rescaling of the running sums.)"""
+    rows' order, no rescaling of the running sums, group 1's sums dropped or not rescaled.)"""
     fast = numerics == "fast"
     launched = _judge_with(case, monkeypatch, numerics, "bound" if fast else "exact",
-                           FAST_ATTENTION_TOKENS=0, FAST_ATTENTION_GROUPS=groups)  # fmt: skip
+                           reverse=groups == 2, FAST_ATTENTION_GROUPS=groups)  # fmt: skip
     launched = [name for name, _ in launched]
     assert (f"attention_fast<64, {groups}>" in launched) == fast, launched

@@ -70,6 +70,7 @@ class CaseResult:
     diffs: tuple[NodeDiff, ...] = ()
     problems: tuple[str, ...] = ()
     guarded: bool = False
+    tiers: tuple[Tier, ...] = ()  # each diff's node's declared tier (the case's where absent)
 
     @property
     def failed(self) -> bool:
@@ -86,8 +87,9 @@ class CaseResult:
     def explain(self) -> str:
         """Why the case failed (or was skipped), one finding per line."""
         lines = list(self.problems)
-        lines += [f"{d.describe()} (declared tier: {self.tier})" for d in self.diffs
-                  if not d.identical]  # fmt: skip
+        tiers = self.tiers or (self.tier,) * len(self.diffs)
+        lines += [f"{d.describe()} (declared tier: {t})" for d, t in zip(self.diffs, tiers,
+                  strict=True) if not d.identical]  # fmt: skip
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -327,9 +329,9 @@ def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
         type_name = matrices[0].dtype.name if matrices else type_name
     tier = EXACT
 
-    def result(verdict: str, diffs=(), problems=(), guarded=False) -> CaseResult:
+    def result(verdict: str, diffs=(), problems=(), guarded=False, tiers=()) -> CaseResult:
         return CaseResult(case.id, op_name, type_name, tier, verdict, tuple(diffs),
-                          tuple(problems), guarded)  # fmt: skip
+                          tuple(problems), guarded, tuple(tiers))  # fmt: skip
 
     backend = None
     try:
@@ -389,7 +391,7 @@ def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
         d = diff_arrays(r, graph.nodes[r].op.name, value, got.outputs[r])
         diffs.append(d)
         verdict = max(verdict, tiers[r].verdict(d), key=VERDICTS.index)
-    return result(verdict, diffs, problems, got.guarded)
+    return result(verdict, diffs, problems, got.guarded, [tiers[d.node] for d in diffs])
 
 
 def _inheriting(graph: Graph, tiers: Sequence[Tier]) -> list[int]:
@@ -412,9 +414,9 @@ def _on_its_inputs(
     graph: Graph, r: int, values: Mapping[int, np.ndarray], case: Case
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The oracle's value of node ``r`` alone, its computed sources given ``values``, and the
-    states after it."""
-    given = {s: values[s] for s in graph.nodes[r].src if s in values}
-    alone = node_case(graph, r, given, case.inputs, case.weights, case.states, case.id)
+    states after it. (All of ``values``: a KV_WRITE source is computed again in the case, on
+    the rows the backend made.)"""
+    alone = node_case(graph, r, values, case.inputs, case.weights, case.states, case.id)
     ran = oracle(alone)
     return ran.outputs[alone.graph.outputs[0]], ran.states
 

@@ -49,7 +49,7 @@ class CudaBackend(GpuBackend):
     queues = True  # every per-step call goes on the runtime's stream
     manifest: ClassVar[Mapping[str, str]] = {op.name: "exact" for op in sorted(OPS, key=str)}
     # under numerics = "fast", a prefill's attention may be flash attention on the tensor cores
-    # (lowering.FAST_ATTENTION_TOKENS; TF32 products of split operands, as triton's fast tier)
+    # (lowering.FAST_ATTENTION; TF32 products of split operands, as triton's fast tier)
     fast_manifest: ClassVar[Mapping[str, str]] = {**manifest, "ATTENTION": "nmse<=1e-8"}
 
     def __init__(

@@ -63,8 +63,9 @@ MMA_TILE = 32  # rows of a gemm_mma block (matmul.cu's MmaGeom BN)
 MMA_TOKENS = 32
 # ... and 64 for a prefill's ungated products (o, down, q/k/v one at a time) whose reduction
 # is at least this deep (0: none): on the H100 (eleventh session) Qwen's down products, K of
-# 4,864, ran 5-12 % faster at 64, Gemma 3's of K 2,048 and less 6 % slower (docs/perf.md).
-# Until a GPU times 4,096: 0
+# 4,864, ran 5-12 % faster at 64, Gemma 3's of K 2,048 and less 6 % slower (docs/perf.md; their
+# rows differ too, 896 against 640, so depth and grid are not told apart yet). Until a GPU
+# times 4,096: 0
 MMA_DEEP_K = 0
 # ... and the blocks a multiprocessor should hold (its __launch_bounds__' minimum): 2, 128
 # registers; 3 caps them at 80 (12-56 bytes spilled) for 24 warps a multiprocessor instead of
@@ -189,12 +190,11 @@ FOLD_BATCH = 1
 HEADS_TOGETHER_CHUNKS = {64: 0, 128: 0, 256: 0}
 # a prefill's attention under numerics = "fast" (heads of 64) as flash attention on the tensor
 # cores (attention.cu's attention_fast: TF32 products of split operands, an online softmax),
-# where the exact kernels make every score and weight on the float pipes, from prompts of this
-# many tokens (0: every prefill). On an H100 (docs/perf.md, eleventh session) it wins for both
-# twins at 4,096 tokens (SmolLM2 +4 to +7 %, Qwen +22 to +24 %) and for Qwen from 512 (+3 %),
-# but loses SmolLM2's 512 and 1,024 (-3 %, -2 %): a block of 64 tokens to an SM there, latency
-# bound. So from 2,048
-FAST_ATTENTION_TOKENS = 2048
+# where the exact kernels make every score and weight on the float pipes. On an H100
+# (docs/perf.md, eleventh session; prompts go in chunks of 512 tokens) it wins 3-6 % for Qwen
+# at 512 and 1,024 tokens and 22-24 % at 4,096, 4-7 % for SmolLM2 at 4,096, and loses 2-3 % of
+# SmolLM2's 512 and 1,024 (a block of 64 tokens a multiprocessor there, latency bound): on
+FAST_ATTENTION = True
 # ... and its groups of four warps a block, each walking every other tile of the cache (2: half
 # the walk of the longest blocks; at 512 tokens the blocks are one a multiprocessor, the
 # longest walking 16 tiles). Until a GPU times 2: 1
@@ -251,6 +251,14 @@ def tile_tokens(t: int, heads: int, n_head_kv: int, d: int = 64) -> int:
     ``d``: as many as ``tile_rows(d)`` rows take, but few enough for TILE_BLOCKS blocks where
     ``t`` allows."""
     return max(1, min(tile_rows(d) // heads, TILE_TOKENS, t * n_head_kv // TILE_BLOCKS))
+
+
+def fast_attention_shared(groups: int) -> int:
+    """attention_fast's dynamic shared memory (attention.cu's FAST_SHARED): each group's tile
+    of 32 cache slots, K and V split in hi and lo, rows of 64 + 4 words."""
+    if groups not in (1, 2):
+        raise ValueError(f"FAST_ATTENTION_GROUPS is {groups!r}; attention_fast takes 1 or 2")
+    return groups * 4 * 32 * (64 + 4) * 4
 
 
 def tiles_shared(rows: int, d: int) -> int:
@@ -769,13 +777,13 @@ class Lowering:
         a.window = arg.window
         chunks = -(-n_ctx // 256)
         seen = chunks if not arg.window else min(chunks, -(-(arg.window - 1) // 256) + 1)
-        if self.fast and t > max(SPLIT_TOKENS, FAST_ATTENTION_TOKENS - 1) and d == 64:
+        if self.fast and FAST_ATTENTION and t > SPLIT_TOKENS and d == 64:
             a.oq = a.od = a.os = None  # (its QUANTIZE: a launch of its own)
             a.n_tokens = t
-            groups = FAST_ATTENTION_GROUPS  # (shared: attention.cu's FAST_SHARED(groups))
+            groups = FAST_ATTENTION_GROUPS
             self._launch("attention.cu", f"attention_fast<{d}, {groups}>",
                          (arg.n_head, -(-t // 64), 1), (128 * groups, 1, 1), [a],
-                         groups * 4 * 32 * (64 + 4) * 4)  # fmt: skip
+                         fast_attention_shared(groups))  # fmt: skip
             return
         if t <= SPLIT_TOKENS:  # flash decoding: a block a (head, token, chunk)
             th = t * arg.n_head
