@@ -476,6 +476,35 @@ def test_gemma3_norms_wider_than_a_block_are_bit_exact_in_the_emulator(
     assert report.identical_share == 1.0 and report.tokens_agree == 2
 
 
+def test_a_tiny_model_under_fast_numerics_keeps_its_tiers_in_the_emulator(monkeypatch) -> None:
+    """A tiny model (heads of 64) under numerics = "fast": a 40-token prefill's attention by
+    attention_fast, two decode steps by flash decoding; every node of every step within its
+    tier of the oracle's (compare_steps: a bounded difference may flow on, no node may break
+    its tier on its own inputs), and the greedy tokens the same."""
+    from cuda_emulator.backend import EmulatedDriver
+
+    from parity.arch.synthetic import synthetic_model, tiny_spec
+    from parity.backends.cpu.backend import CpuBackend
+    from parity.conformance.compare_steps import compare_steps
+    from parity.core.backend import Device
+
+    launched: Counter[str] = Counter()
+    launch = EmulatedDriver.launch
+
+    def counted(self, made, stream):
+        launched[self.library.kernel(made.fn)[1].split("<")[0]] += 1
+        launch(self, made, stream)
+
+    monkeypatch.setattr(EmulatedDriver, "launch", counted)
+    spec, weights = synthetic_model(tiny_spec("qwen2", n_ctx_train=1024), seed=5)
+    prompt = [(7 * i) % 500 + 1 for i in range(40)]
+    report = compare_steps("qwen2", spec, weights, prompt, 3, lambda: CpuBackend(Device("cpu")),
+                           partial(_backend, False, "fast"))  # fmt: skip
+    assert report.violation is None, report.summary()
+    assert report.identical_share < 1.0 and report.tokens_agree == 3
+    assert launched["attention_fast"] == spec.n_layer and launched["attention_chunks"], launched
+
+
 def test_fast_numerics_keep_flash_decoding(monkeypatch) -> None:
     """A decode step's attention (tokens up to SPLIT_TOKENS) keeps the exact flash-decoding
     kernels under fast numerics: attention_fast is a prefill's."""
