@@ -55,6 +55,22 @@ def _backend(reverse: bool = False, numerics: str = "exact"):
 CASES = {spec.id: spec for spec in op_suite()}
 
 
+def _count_launches(monkeypatch) -> Counter[str]:
+    """The emulator's launches from now on, counted by kernel (its name before the template
+    arguments)."""
+    from cuda_emulator.backend import EmulatedDriver
+
+    launched: Counter[str] = Counter()
+    launch = EmulatedDriver.launch
+
+    def counted(self, made, stream):
+        launched[self.library.kernel(made.fn)[1].split("<")[0]] += 1
+        launch(self, made, stream)
+
+    monkeypatch.setattr(EmulatedDriver, "launch", counted)
+    return launched
+
+
 def _judge_with(
     case: str,
     monkeypatch,
@@ -404,7 +420,6 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     width, gate/up quantizing its output, Gemma 3's GEGLU in its gate/up GEMM, q, k and v as
     one GEMM launch) or none): every node of every step bit-identical to the cpu oracle's, and
     the greedy tokens the same. ``heads``: the spec's head shape, if not the tiny one's."""
-    from cuda_emulator.backend import EmulatedDriver
 
     from parity.arch.synthetic import synthetic_model, tiny_spec
     from parity.backends.cpu.backend import CpuBackend
@@ -412,14 +427,7 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     from parity.conformance.compare_steps import compare_steps
     from parity.core.backend import Device
 
-    launched: Counter[str] = Counter()
-    launch = EmulatedDriver.launch
-
-    def counted(self, made, stream):
-        launched[self.library.kernel(made.fn)[1].split("<")[0]] += 1
-        launch(self, made, stream)
-
-    monkeypatch.setattr(EmulatedDriver, "launch", counted)
+    launched = _count_launches(monkeypatch)
     monkeypatch.setattr(lowering, "PREFILL_TILES", tiles)
     monkeypatch.setattr(lowering, "TILE_BLOCKS", 1)  # (40 tokens: else a token a block)
     for switch in DECODE_SWITCHES:
@@ -481,21 +489,13 @@ def test_a_tiny_model_under_fast_numerics_keeps_its_tiers_in_the_emulator(monkey
     attention_fast, two decode steps by flash decoding; every node of every step within its
     tier of the oracle's (compare_steps: a bounded difference may flow on, no node may break
     its tier on its own inputs), and the greedy tokens the same."""
-    from cuda_emulator.backend import EmulatedDriver
 
     from parity.arch.synthetic import synthetic_model, tiny_spec
     from parity.backends.cpu.backend import CpuBackend
     from parity.conformance.compare_steps import compare_steps
     from parity.core.backend import Device
 
-    launched: Counter[str] = Counter()
-    launch = EmulatedDriver.launch
-
-    def counted(self, made, stream):
-        launched[self.library.kernel(made.fn)[1].split("<")[0]] += 1
-        launch(self, made, stream)
-
-    monkeypatch.setattr(EmulatedDriver, "launch", counted)
+    launched = _count_launches(monkeypatch)
     spec, weights = synthetic_model(tiny_spec("qwen2", n_ctx_train=1024), seed=5)
     prompt = [(7 * i) % 500 + 1 for i in range(40)]
     report = compare_steps("qwen2", spec, weights, prompt, 3, lambda: CpuBackend(Device("cpu")),
