@@ -98,10 +98,10 @@ together="HEADS_TOGETHER_CHUNKS[64]=3 HEADS_TOGETHER_CHUNKS[128]=3 HEADS_TOGETHE
 # (ninth session: a prefill's norms a row a warp, NORM_WARP_WIDTH_MAX; gate/up quantizing its
 # output for down, MMA_QUANTIZE; Gemma 3's gate, up and GEGLU as one GEMM, MMA_GLU; q, k, v too,
 # MMA_MULTI: on since the tenth session's A/B but MMA_QUANTIZE)
-# (tenth session: a decode step's norms a row a warp, NORM_WARP_DECODE, half a millisecond a
-# step slower in the eleventh's A/B)
+# (tenth session: a decode step's norms a row a warp, half a millisecond a step slower in the
+# eleventh's A/B: removed)
 # (eleventh session: 64-token GEMM blocks for the deep ungated products, MMA_DEEP_K)
-switches=${SWITCHES:-"NORM_WARP_DECODE=1 MMA_DEEP_K=4096 MMA_TOKENS=64 MMA_QUANTIZE=1 WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 $together"}
+switches=${SWITCHES:-"MMA_DEEP_K=4096 MMA_TOKENS=64 MMA_QUANTIZE=1 WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 $together"}
 all=${switches// /,}
 if [ "${DEEP:-0}" = 1 ]; then  # flash decoding's switches, deep in the cache
   fold=FOLD_BATCH=8; caps=CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2
@@ -258,13 +258,11 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
     -m parity conformance cuda -k matmul -k fusion &  # (gemm_mma's blocks of 64 tokens)
   run conformance_prefill python3 benchmarks/with_lowering.py MMA_QUANTIZE=1 MMA_GLU=1 MMA_MULTI=1 \
     NORM_WARP_WIDTH_MAX=2048 -- -m parity conformance cuda -k fusion -k norm &  # (ninth session)
-  run conformance_decode_norms python3 benchmarks/with_lowering.py NORM_WARP_DECODE=1 -- \
-    -m parity conformance cuda -k fusion -k norm &  # (tenth session)
   # (fast attention, on under numerics = fast since the eleventh session: conformance_cuda)
   run conformance_fast_attention2 python3 benchmarks/with_lowering.py FAST_ATTENTION_GROUPS=2 \
     -- -m parity conformance cuda --numerics fast -k attention &  # (eleventh: two warp groups)
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
-         conformance_decode_norms conformance_fast_attention2)
+         conformance_fast_attention2)
   # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
   if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
     files+=(conformance_triton)

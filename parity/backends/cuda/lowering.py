@@ -117,13 +117,8 @@ NORM_WARP_WIDTH_MAX = 256
 NORM_WARP_RUN_MAX = 64  # slots a lane (norm.cuh's norm_job_warp holds its run in registers)
 NORM_WARP_ROWS = 2  # ... rows (warps) a block: 256 blocks for 512 rows (a lane's run of 32
 # takes 128 registers)
-# ... and a decode step's norms (rows up to GEMV_TOKENS' last) a row a warp too, a warp a
-# block, at any width up to NORM_WARP_RUN_MAX * 32: the row's chain (loads, squares, TREE,
-# scale, Q8 blocks) in one warp's registers and shuffles, no barrier, where rms_norm_f32 gives
-# it NORM_DECODE_THREADS threads, shared memory and three barriers (about 5.4 us a norm of
-# Gemma 3's step on the H100 with PDL off: a third of the step's kernel time). Until a GPU
-# times it: off
-NORM_WARP_DECODE = False
+# (A decode step's norm a row a warp was tried and dropped, eleventh session: 12 us a row
+# against rms_norm_f32's 4.5, one warp's serial chain of 32 slots a lane: docs/perf.md.)
 # a decode product's output normed by its last block (matmul.cu's gemv_q_norm), not by a launch
 # of its own: bit-exact (emulator and H200), and slower: the decode step +43-52 % on the H200
 # (the last block's tail, about 17 us), so off (docs/perf.md)
@@ -545,12 +540,10 @@ class Lowering:
             quantized |= self._norm_job(getattr(a, slot), i, w, qn, written)
         rows = a.a.rows + a.b.rows
         decode = rows <= GEMV_TOKENS[-1]
-        warps = NORM_WARP_DECODE if decode else a.width <= NORM_WARP_WIDTH_MAX
-        if warps and a.width <= 32 * NORM_WARP_RUN_MAX:
+        if not decode and a.width <= min(NORM_WARP_WIDTH_MAX, 32 * NORM_WARP_RUN_MAX):
             run = max(1, next_pow2(a.width) // 32)
-            per = 1 if decode else NORM_WARP_ROWS  # (rows, so warps, a block)
-            self._launch("rows.cu", f"rms_norm_warps<{run}>", (-(-rows // per), 1, 1),
-                         (32 * per, 1, 1), [a])  # fmt: skip
+            self._launch("rows.cu", f"rms_norm_warps<{run}>", (-(-rows // NORM_WARP_ROWS), 1, 1),
+                         (32 * NORM_WARP_ROWS, 1, 1), [a])  # fmt: skip
             return
         threads = NORM_DECODE_THREADS if decode else NORM_PREFILL_THREADS
         threads = max(threads, next_pow2(a.width) // 256)  # (norm.cuh: 256 squares a thread)
