@@ -363,7 +363,7 @@ def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
     problems = list(got.problems)
     tiers = [EXACT if n.op.is_leaf else manifest.tier_of(n, srcs_of[r])
              for r, n in enumerate(graph.nodes)]  # fmt: skip
-    inheriting = {r: _on_its_inputs(graph, r, got.outputs, case)  # exact past a looser node
+    inheriting = {r: _alone(graph, r, got.outputs, case)  # exact past a looser node
                   for r in _inheriting(graph, tiers)}  # fmt: skip
     states = dict(reference.states)  # (a cache written with rows a looser node made: those rows)
     for r, (_, after) in inheriting.items():
@@ -381,8 +381,7 @@ def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
         if not node.op.is_leaf and graph.original(r) < 0:
             values = {s: reference.outputs[graph.original(s)] for s in node.src
                       if graph.original(s) in reference.outputs}  # fmt: skip
-            alone = node_case(graph, r, values, case.inputs, case.weights, case.states, case.id)
-            want[r] = oracle(alone).outputs[alone.graph.outputs[0]]
+            want[r] = _alone(graph, r, values, case)[0]
     for r, (value, _) in inheriting.items():
         if r in want:
             want[r] = value
@@ -398,7 +397,7 @@ def _inheriting(graph: Graph, tiers: Sequence[Tier]) -> list[int]:
     """The computed nodes of an exact tier that read, directly or not, a node of a looser one (a
     fast tier's attention before the QUANTIZE and product of its output, its products before
     the cache writes): the oracle's values of those carry the looser node's rounding, so such a
-    node is judged exact on the inputs the backend gave it (``_on_its_inputs``)."""
+    node is judged exact on the inputs the backend gave it (``_alone`` on its values)."""
     loose: set[int] = set()
     found = []
     for r, node in enumerate(graph.nodes):  # (sources come first)
@@ -410,12 +409,12 @@ def _inheriting(graph: Graph, tiers: Sequence[Tier]) -> list[int]:
     return found
 
 
-def _on_its_inputs(
+def _alone(
     graph: Graph, r: int, values: Mapping[int, np.ndarray], case: Case
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The oracle's value of node ``r`` alone, its computed sources given ``values``, and the
-    states after it. (All of ``values``: a KV_WRITE source is computed again in the case, on
-    the rows the backend made.)"""
+    """The oracle's value of node ``r`` alone, its computed sources given ``values`` (a
+    KV_WRITE source computed again in the case, from the rows ``values`` give), and the
+    states after it."""
     alone = node_case(graph, r, values, case.inputs, case.weights, case.states, case.id)
     ran = oracle(alone)
     return ran.outputs[alone.graph.outputs[0]], ran.states
