@@ -317,7 +317,7 @@ def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
     the oracle under the tiers the backend declares. A case of a fusion (``case.rewrite``) runs
     as the backend rewrites it: every original node that still exists is judged, a fused node
     against the composition it replaces, a node the rewrite put in (a QUANTIZE) against the
-    oracle's value of it on the oracle's inputs; an exact node past a looser one (``_inheriting``)
+    oracle's value of it on the oracle's inputs; a node past a looser one (``_inheriting``)
     against the oracle's value on the backend's inputs. Whatever the backend raises, from its
     constructor on, is a finding (FAIL), not an error of the kit."""
     original = case.graph
@@ -363,7 +363,7 @@ def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
     problems = list(got.problems)
     tiers = [EXACT if n.op.is_leaf else manifest.tier_of(n, srcs_of[r])
              for r, n in enumerate(graph.nodes)]  # fmt: skip
-    inheriting = {r: _alone(graph, r, got.outputs, case)  # exact past a looser node
+    inheriting = {r: _alone(graph, r, got.outputs, case)  # any node past a looser one
                   for r in _inheriting(graph, tiers)}  # fmt: skip
     states = dict(reference.states)  # (a cache written with rows a looser node made: those rows)
     for r, (_, after) in inheriting.items():
@@ -394,18 +394,20 @@ def judge(backend_factory: Callable[[], Backend], case: Case) -> CaseResult:
 
 
 def _inheriting(graph: Graph, tiers: Sequence[Tier]) -> list[int]:
-    """The computed nodes of an exact tier that read, directly or not, a node of a looser one (a
+    """The computed nodes that read, directly or not, a node of a tier looser than exact (a
     fast tier's attention before the QUANTIZE and product of its output, its products before
-    the cache writes): the oracle's values of those carry the looser node's rounding, so such a
-    node is judged exact on the inputs the backend gave it (``_alone`` on its values)."""
+    the cache writes and the attention after them): the oracle's values of those carry the
+    looser node's rounding, so such a node is judged under its own tier on the inputs the
+    backend gave it (``_alone`` on its values), as docs/numerics.md measures a tier: "against
+    the oracle on the same inputs"."""
     loose: set[int] = set()
     found = []
     for r, node in enumerate(graph.nodes):  # (sources come first)
-        if not tiers[r].exact:
-            loose.add(r)
-        elif any(s in loose for s in node.src):
-            loose.add(r)
+        past = any(s in loose for s in node.src)
+        if past:
             found.append(r)
+        if past or not tiers[r].exact:
+            loose.add(r)
     return found
 
 
