@@ -192,8 +192,9 @@ HEADS_TOGETHER_CHUNKS = {64: 0, 128: 0, 256: 0}
 FAST_ATTENTION = True
 # ... and its groups of four warps a block, each walking every other tile of the cache (2: half
 # the walk of the longest blocks; at 512 tokens the blocks are one a multiprocessor, the
-# longest walking 16 tiles). Until a GPU times 2: 1
-FAST_ATTENTION_GROUPS = 1
+# longest walking 16 tiles). On an H100 (twelfth session) 2 beat 1 at every prompt length:
+# SmolLM2 pp512 / pp4096 +7 / +27 %, Qwen +4 / +13 % (docs/perf.md)
+FAST_ATTENTION_GROUPS = 2
 HEADS_WIDTH_MAX = 1024  # ... (attention.cu's shared memory: 36 KiB of tiles, 4 KiB of q)
 NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs
 
