@@ -258,11 +258,14 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
     -m parity conformance cuda -k matmul -k fusion &  # (gemm_mma's blocks of 64 tokens)
   run conformance_prefill python3 benchmarks/with_lowering.py MMA_QUANTIZE=1 MMA_GLU=1 MMA_MULTI=1 \
     NORM_WARP_WIDTH_MAX=2048 -- -m parity conformance cuda -k fusion -k norm &  # (ninth session)
-  # (fast attention, on under numerics = fast since the eleventh session: conformance_cuda)
-  run conformance_fast_attention2 python3 benchmarks/with_lowering.py FAST_ATTENTION_GROUPS=2 \
-    -- -m parity conformance cuda --numerics fast -k attention &  # (eleventh: two warp groups)
+  # (fast attention, on under numerics = fast since the eleventh session, two warp groups a
+  # block since the twelfth: conformance_cuda; one group, the kernel's other form, here)
+  run conformance_fast_attention1 python3 benchmarks/with_lowering.py FAST_ATTENTION_GROUPS=1 \
+    -- -m parity conformance cuda --numerics fast -k attention &
+  run conformance_fast_gemm python3 benchmarks/with_lowering.py FAST_GEMM=1 FAST_GEMM_MIN_ELEMENTS=0 -- -m parity \
+    conformance cuda --numerics fast &  # (twelfth: fast products on the TF32 tensor cores)
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
-         conformance_fast_attention2)
+         conformance_fast_attention1 conformance_fast_gemm)
   # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
   if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
     files+=(conformance_triton)

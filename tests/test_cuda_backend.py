@@ -120,3 +120,41 @@ def test_gpu_out_of_memory_is_one_clear_error(model):
     graph = DecoderGraphs(spec)(GraphParams(n_tokens=1, n_ctx=1 << 30))
     with pytest.raises(BackendError, match="GPU out of memory"):
         Runtime([cuda()], weights).step(graph, ())
+
+
+def test_fast_products_on_the_tensor_cores_keep_their_tiers_and_capture(model, monkeypatch):
+    """FAST_GEMM under numerics = "fast" (cuBLAS's TF32 GEMM through torch, gemm_mma for
+    flagged rows): a 300-token prompt and its decode steps within every node's tier
+    (compare_steps), a captured 64-token prefill verified against eager, and torch's TF32
+    switch left as it was."""
+    import torch
+
+    from parity.arch.decoder import DecoderGraphs, graph_inputs
+    from parity.arch.params import GraphParams
+    from parity.backends.cuda import lowering
+
+    monkeypatch.setattr(lowering, "FAST_GEMM", True)
+    monkeypatch.setattr(lowering, "FAST_GEMM_MIN_ELEMENTS", 0)  # (a tiny model's products)
+    flags = torch.backends.cuda.matmul
+    new = hasattr(flags, "fp32_precision")
+    before = flags.fp32_precision if new else flags.allow_tf32
+
+    def fast() -> CudaBackend:
+        return CudaBackend(CudaBackend.devices()[0], numerics="fast")
+
+    name, spec, weights = model
+    prompt = [int(t) for t in np.random.default_rng(3).integers(0, spec.n_vocab, 300)]
+    report = compare_steps(name, spec, weights, prompt, 4, cpu, fast)
+    assert report.violation is None, report.summary()
+    assert report.identical_share < 1.0  # (the float products ran)
+    graph = DecoderGraphs(spec)(GraphParams(n_tokens=64, n_ctx=256, output="logits"))
+    rt = Runtime([fast()], weights, capture=True, verify_capture=True)
+    step = rt.step(graph, ())
+    runs = []
+    for _ in range(4):
+        step.write(graph_inputs(np.asarray(prompt[:64], np.int32), 0))
+        step.run()
+        runs.append(step.outputs[graph.outputs[0]].copy())
+    assert step.capture_status == [""], step.capture_status  # captured and verified
+    assert all(r.tobytes() == runs[0].tobytes() for r in runs)
+    assert (flags.fp32_precision if new else flags.allow_tf32) == before

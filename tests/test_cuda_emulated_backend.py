@@ -469,17 +469,24 @@ def test_gemma3_norms_wider_than_a_block_are_bit_exact_in_the_emulator(
     assert report.identical_share == 1.0 and report.tokens_agree == 2
 
 
-def test_a_tiny_model_under_fast_numerics_keeps_its_tiers_in_the_emulator(monkeypatch) -> None:
+@pytest.mark.parametrize("products", [False, True])
+def test_a_tiny_model_under_fast_numerics_keeps_its_tiers_in_the_emulator(
+    products, monkeypatch
+) -> None:
     """A tiny model (heads of 64) under numerics = "fast": a 40-token prefill's attention by
-    attention_fast, two decode steps by flash decoding; every node of every step within its
-    tier of the oracle's (compare_steps: a bounded difference may flow on, no node may break
-    its tier on its own inputs), and the greedy tokens the same."""
+    attention_fast (and with ``products`` its products by FAST_GEMM), two decode steps by
+    flash decoding; every node of every step within its tier of the oracle's (compare_steps:
+    a bounded difference may flow on, no node may break its tier on its own inputs), and the
+    greedy tokens the same."""
 
     from parity.arch.synthetic import synthetic_model, tiny_spec
     from parity.backends.cpu.backend import CpuBackend
+    from parity.backends.cuda import lowering
     from parity.conformance.compare_steps import compare_steps
     from parity.core.backend import Device
 
+    monkeypatch.setattr(lowering, "FAST_GEMM", products)
+    monkeypatch.setattr(lowering, "FAST_GEMM_MIN_ELEMENTS", 0)  # (a tiny model's products)
     launched = _count_launches(monkeypatch)
     spec, weights = synthetic_model(tiny_spec("qwen2", n_ctx_train=1024), seed=5)
     prompt = [(7 * i) % 500 + 1 for i in range(40)]
@@ -487,7 +494,43 @@ def test_a_tiny_model_under_fast_numerics_keeps_its_tiers_in_the_emulator(monkey
                            partial(_backend, False, "fast"))  # fmt: skip
     assert report.violation is None, report.summary()
     assert report.identical_share < 1.0 and report.tokens_agree == 3
-    assert launched["attention_fast"] == spec.n_layer and launched["attention_chunks"], launched
+    # (nodes past looser ones are also judged alone, on the backend's inputs: more launches)
+    assert launched["attention_fast"] >= spec.n_layer and launched["attention_chunks"], launched
+    assert bool(launched["q8_to_f32"]) == products, launched
+
+
+# a prefill's products of quantized weights under FAST_GEMM: x's row 0 holding +-1e30 (flagged:
+# its tile recomputed by gemm_mma; without that the SWIGLU case fails, a sign the float sums
+# got wrong where the integer ones cancel exactly), a residual, gate/up with SWIGLU and GEGLU
+# and their QUANTIZE for down, q/k/v with biases and two weight types, a bias on an F32 x
+# whose one tile is flagged (so exact)
+FAST_GEMM_CASES = [
+    ("matmul_swiglu-Q4_1-40x512-t35", "bound"),
+    ("matmul_add-Q6_K-40x512-t35", "bound"),
+    ("fusion-ffn-Q4_K-256x512-t40", "bound"),
+    ("fusion-geglu-Q8_0-640x512-t40", "bound"),
+    ("fusion-qkv-bias-Q5_0-Q8_0-256-t40", "bound"),
+    ("matmul-Q5_0-bias-40x256-t12", "exact"),
+]
+
+
+@pytest.mark.parametrize("case, verdict", FAST_GEMM_CASES)
+def test_fast_products_on_the_tensor_cores_keep_their_tier_in_the_emulator(
+    case, verdict, monkeypatch
+) -> None:
+    """FAST_GEMM under numerics = "fast": x's Q8A values and each weight as floats, the
+    runtime's float GEMM (the emulator's: float32 on the CPU; a GPU's: TF32), then gemm_mma
+    on the flagged rows' tiles only; every node within the fast tier, the float path taken."""
+    launched = _judge_with(case, monkeypatch, "fast", verdict, FAST_GEMM=True,
+                           FAST_GEMM_MIN_ELEMENTS=0)  # fmt: skip
+    names = " ".join(name for name, _ in launched)
+    assert "q8_to_f32" in names and "dequant_rows" in names and "gemm_mma<" in names, names
+
+
+def test_exact_numerics_ignore_fast_products(monkeypatch) -> None:
+    """FAST_GEMM is a fast-tier path: under numerics = "exact" the integer GEMM, bit for bit."""
+    launched = _judge_with("matmul_swiglu-Q4_1-40x512-t35", monkeypatch, FAST_GEMM=True)
+    assert not any(name == "q8_to_f32" for name, _ in launched), launched
 
 
 def test_fast_numerics_keep_flash_decoding(monkeypatch) -> None:

@@ -103,9 +103,10 @@ class RopeSegsArg(ctypes.Structure):
 
 
 class MmaMoreArg(ctypes.Structure):
-    """``struct MmaMore`` of matmul.cu: what a gemm_mma launch writes besides y (null: not)."""
+    """``struct MmaMore`` of matmul.cu: what a gemm_mma launch writes besides y (null: not),
+    and the flagged tokens whose tiles alone it computes (null: every tile)."""
 
-    _fields_ = [(name, ctypes.c_void_p) for name in ("gate", "up", "q", "d", "s")]
+    _fields_ = [(name, ctypes.c_void_p) for name in ("gate", "up", "q", "d", "s", "flagged")]
 
 
 class NormJobArg(ctypes.Structure):

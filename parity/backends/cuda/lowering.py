@@ -195,6 +195,20 @@ FAST_ATTENTION = True
 # longest walking 16 tiles). On an H100 (twelfth session) 2 beat 1 at every prompt length:
 # SmolLM2 pp512 / pp4096 +7 / +27 %, Qwen +4 / +13 % (docs/perf.md)
 FAST_ATTENTION_GROUPS = 2
+# a prefill's products of quantized weights under numerics = "fast" on the TF32 tensor cores:
+# x's Q8A values and dequantize(W) as float32 into scratch (W: every call, no copy kept), then
+# cuBLAS's GEMM through torch (GpuRuntime.matmul), the bias or residual added by it, a GLU and
+# its Q8A by glu_f32 after it: the exact GEMM's integer sums and per-block float epilogue go.
+# Rows with extreme scales (q8_to_f32's flags) get their tiles again from gemm_mma, exactly.
+# NMSE at most 3.2e-7 in the conformance suite on an H100 (tier: 1e-5); Qwen's 512-token
+# prefill 35 % faster (docs/perf.md, twelfth session): on
+FAST_GEMM = True
+FAST_GEMM_ELEMENTS = 1 << 25  # ... for weights of up to this many (its scratch: 128 MiB; a head
+# of every position's logits, 151,936 x 896 for Qwen, keeps the integer GEMM)
+FAST_GEMM_MIN_ELEMENTS = 1 << 21  # ... and at least this many (H100, twelfth session: on every
+# product, Qwen's 512-token prefill +36 %, Gemma 3's +3 %, SmolLM2's -14 %: its products of
+# 576 x 1,536 are too small for the GEMM to pay for the dequantizing; Qwen's gate, up and down,
+# 4,864 x 896, are not)
 HEADS_WIDTH_MAX = 1024  # ... (attention.cu's shared memory: 36 KiB of tiles, 4 KiB of q)
 NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs
 
@@ -359,6 +373,7 @@ class Lowering:
         views: frozenset[int] = frozenset(),
         multiprocessors: int = 132,
         fast: bool = False,
+        matmul: Callable[..., None] | None = None,
     ) -> None:
         self.graph = graph
         self.values = values
@@ -370,6 +385,8 @@ class Lowering:
         self.views = views  # RESHAPEs and SLICE_ROWS whose value is a view: nothing to copy
         self.multiprocessors = multiprocessors  # the GPU's (grids sized to the machine)
         self.fast = fast  # numerics = "fast": the fast kernels where a switch turns them on
+        self.matmul = matmul  # out = a b^T (+ add) on the tensor cores (FAST_GEMM); None: none
+        self._fast_x = -1  # the Q8A x whose floats the FAST_GEMM scratch holds last
         self.out: Lowered = Lowered([], [], set(), [])
         self.done: set[int] = set()
         self._shared: dict[str, tuple[int, Any]] = {}  # name: (elements, buffer)
@@ -935,6 +952,10 @@ class Lowering:
             mma = f"{w.dtype.value}, {epi}{mma_variant(tokens)}"
             more = MmaMoreArg()
             fused = (MMA_QUANTIZE or glu is not None) and q8 is not None and n % 32 == 0
+            if self._tensor_cores(w, t):  # TF32, then gemm_mma for the flagged tiles only
+                flagged, fused = self._float_product(out, x_id, q, d, weights, bias, res, shape,
+                                                     q8, epi, glu)  # fmt: skip
+                more.flagged = flagged.data_ptr()
             if fused:
                 more.q, more.d, more.s = (p.data_ptr() for p in self._q8_parts(q8))
             if glu is not None:
@@ -951,6 +972,66 @@ class Lowering:
                      (-(-n // bn), -(-t // bt), 1), (256, 1, 1),
                      [pointer(out), xq, *common])  # fmt: skip
         return False
+
+    def _tensor_cores(self, w: Node, t: int) -> bool:
+        """Does a product of ``t`` tokens by weight ``w`` take FAST_GEMM's path?"""
+        return (FAST_GEMM and self.fast and self.matmul is not None and t > GEMV_TOKENS[-1]
+                and w.dtype.is_quantized
+                and FAST_GEMM_MIN_ELEMENTS <= w.shape[0] * w.shape[1] <= FAST_GEMM_ELEMENTS
+                and w.shape[0] <= 65535 and w.shape[1] % 32 == 0)  # fmt: skip
+
+    def _float_product(
+        self, out, x_id, q, d, weights, bias, res, shape, q8, epi, glu
+    ) -> tuple[Any, bool]:
+        """``_product``'s products on the TF32 tensor cores (FAST_GEMM): x's Q8A values (q,
+        d) as floats with its rows' flags (once for the products of one x in a row: q, k and
+        v; gate and up), each weight dequantized into scratch and multiplied in by the
+        runtime's ``matmul``, the bias or residual added by it. Two weights: the gate and up
+        products (into the graph's values where ``glu`` names them), then glu_f32 for the
+        GLU and, where asked and rows are whole Q8 blocks, its QUANTIZE. Returns the flags,
+        for gemm_mma to recompute the flagged rows' tiles exactly after it, and whether the
+        QUANTIZE was done."""
+        t, n = shape
+        k = self.graph.nodes[weights[0]].shape[1]
+        xf = self._shared_scratch("fast_x", DType.F32, t * k)[: t * k].view(t, k)
+        flags = self._shared_scratch("fast_flags", DType.I32, t)
+        if self._fast_x != x_id:
+            self._launch("rows.cu", "q8_to_f32", grid1(t * k), (256, 1, 1),
+                         [pointer(xf), pointer(flags), pointer(q), pointer(d), t, k])  # fmt: skip
+            self._fast_x = x_id
+        wf = self._shared_scratch("fast_w", DType.F32, n * k)[: n * k].view(n, k)
+
+        def product(y: Any, weight: int, add: Any = None) -> None:
+            w = self.graph.nodes[weight]
+            self._launch("rows.cu", f"dequant_rows<{w.dtype.value}>", (-(-k // 2048), n, 1),
+                         (256, 1, 1), [pointer(wf), self._ptr(weight), k,
+                                       ctypes.c_longlong(w.dtype.nbytes(k))])  # fmt: skip
+            self.out.launches.append((self.matmul, (y, xf, wf, add)))
+
+        if len(weights) == 1:
+            add = None
+            if bias is not None:  # (a float32 weight: its bytes as floats)
+                b = self.graph.nodes[bias]
+                add = self.weights[b.arg].view(xf.dtype) if b.op is Op.WEIGHT else self.values[bias]
+            product(out, weights[0], self.values[res] if add is None and res is not None else add)
+            if bias is not None and res is not None:  # (addmm adds one: the residual after)
+                self._launch("rows.cu", "binary_f32<0>", grid1(t * n), (256, 1, 1),
+                             [pointer(out), pointer(out), self._ptr(res),
+                              ctypes.c_longlong(t * n), n, 0])  # fmt: skip
+            return flags, False
+        if glu is not None:  # the graph keeps the gate's and up's values: the products' outputs
+            g, u = self.values[glu[1]], self.values[glu[2]]
+        else:
+            g, u = (self._shared_scratch(name, DType.F32, t * n)[: t * n].view(t, n)
+                    for name in ("fast_gate", "fast_up"))  # fmt: skip
+        product(g, weights[0])
+        product(u, weights[1])
+        quantize = q8 is not None and n % 32 == 0
+        oq, od, os_ = self._q8_parts(q8 if quantize else None)
+        self._launch("rows.cu", f"glu_f32<{int(epi == EPI_GEGLU)}>", grid1(t * n), (256, 1, 1),
+                     [pointer(out), pointer(oq), pointer(od), pointer(os_), pointer(g),
+                      pointer(u), ctypes.c_longlong(t * n)])  # fmt: skip
+        return flags, quantize
 
     def _argmax_of(self, i: int | None) -> int | None:
         """With ARGMAX_IN_HEAD, the ARGMAX that reads product ``i``'s one row (greedy
@@ -1035,6 +1116,8 @@ class Lowering:
         prefill = node.shape[0] > GEMV_TOKENS[-1]
         if nodes[x].dtype is not DType.Q8A or (prefill and not MMA_MULTI):
             return []
+        if self._tensor_cores(nodes[node.src[1]], node.shape[0]):
+            return []  # (one GEMM a weight: FAST_GEMM)
 
         def mma(u: int) -> bool:
             w = nodes[nodes[u].src[1]]

@@ -64,6 +64,20 @@ class HostRuntime:
             return
         dst.copy_(src)
 
+    def matmul(self, out: Any, a: Any, b: Any, add: Any = None) -> None:
+        """out = a b^T (+ add) as GpuRuntime's TF32 GEMM makes it, near enough: the inputs cut
+        to TF32's 10 bits of mantissa (the tensor cores read the top 19 bits of each float),
+        float32 sums on the CPU."""
+        a, b = (self._tf32(v) for v in (a, b))
+        if add is None:
+            self.torch.mm(a, b.t(), out=out)
+        else:
+            self.torch.addmm(add, a, b.t(), out=out)
+
+    def _tf32(self, v: Any) -> Any:
+        bits = v.contiguous().view(self.torch.int32) & ~0x1FFF
+        return bits.view(self.torch.float32)
+
     def upload_weight(self, raw: np.ndarray, what: str, progress: Any = None) -> Any:
         """The weight's bytes, WEIGHT_PAD zero bytes after them (as on a GPU)."""
         data = raw.reshape(-1).view(np.uint8)

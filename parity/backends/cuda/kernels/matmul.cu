@@ -848,6 +848,7 @@ struct MmaMore {
     i8* q;
     float* d;
     float* s;
+    const int* flagged;  // given: only the tiles with a token flagged (rows.cu's q8_to_f32)
 };
 
 // The tile of rows [32 bx, 32 bx + 32) and tokens [BT by, BT by + BT) of a product: gemm_mma's
@@ -1064,6 +1065,15 @@ __global__ void __launch_bounds__(8 * BT, MINB)
 gemm_mma(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
          int T, int N, int K, i64 row_bytes, MmaMore more) {
     pdl_begin();
+    if (more.flagged != nullptr) {  // the exact tiles of a fast product's extreme rows only
+        __shared__ int any;
+        if (threadIdx.x == 0) any = 0;
+        __syncthreads();
+        const int t = blockIdx.y * BT + threadIdx.x;
+        if (threadIdx.x < BT && t < T && more.flagged[t]) any = 1;
+        __syncthreads();
+        if (!any) return;
+    }
     gemm_mma_tile<QT, EPI, BT>(blockIdx.x, blockIdx.y, y, x, w, w2, bias, res, T, N, K,
                                row_bytes, more);
 }
@@ -1078,7 +1088,7 @@ __global__ void __launch_bounds__(8 * BT, MINB) gemm_mma_multi(GemvSegs segs, Q8
     pdl_begin();
     const GemvSeg &a = segs.s0, &b = segs.s1, &c = segs.s2;
     const int bx = blockIdx.x, seg = bx < a.blocks ? 0 : bx < a.blocks + b.blocks ? 1 : 2;
-    const MmaMore none = {nullptr, nullptr, nullptr, nullptr, nullptr};
+    const MmaMore none = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
     // (fields selected one by one: an index into the argument would copy it to local memory)
 #define PICK(f) (seg == 0 ? a.f : seg == 1 ? b.f : c.f)
     const int first = seg == 0 ? 0 : seg == 1 ? a.blocks : a.blocks + b.blocks;

@@ -215,6 +215,44 @@ __global__ void get_rows(float* y, const u8* w, const int* ids, int n_tokens, in
     }
 }
 
+// y = dequantize(W) (rows, K), the right operand of a fast product on the tensor cores
+// (lowering.FAST_GEMM): row blockIdx.y, blockDim.x * DEQ_RUN elements a block, each thread a
+// run of DEQ_RUN from one sub-block, written four at a time (K a multiple of 32)
+#define DEQ_RUN 8
+template <int QT>
+__global__ void dequant_rows(float* y, const u8* w, int K, i64 row_bytes) {
+    pdl_begin();
+    const int e = (blockIdx.x * blockDim.x + threadIdx.x) * DEQ_RUN;
+    if (e >= K) return;
+    const u8* row = w + (i64)blockIdx.y * row_bytes;
+    float v[DEQ_RUN];
+#pragma unroll
+    for (int i = 0; i < DEQ_RUN; ++i) v[i] = dequant_element<QT>(row, e + i);
+    float4* out = reinterpret_cast<float4*>(y + (i64)blockIdx.y * K + e);
+#pragma unroll
+    for (int i = 0; i < DEQ_RUN; i += 4) out[i / 4] = make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]);
+}
+
+// y = q * d of a Q8A value (T, K), as floats: the left operand of a fast product on the tensor
+// cores (lowering.FAST_GEMM). flags[t] = 1 where row t has a block scale that is not finite or
+// above 2^40: values no model's activations reach (the conformance suite's +-1e30), a few huge
+// values whose integer sums may cancel exactly where float products leave a residue (under a
+// SWIGLU, a sign), so gemm_mma recomputes their tiles exactly (MmaMore.flagged). A warp a
+// row's flag.
+__global__ void q8_to_f32(float* y, int* flags, const i8* q, const float* d, int T, int K) {
+    pdl_begin();
+    const i64 first = blockIdx.x * (i64)blockDim.x + threadIdx.x;
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    for (i64 i = first; i < (i64)T * K; i += stride) y[i] = __fmul_rn((float)q[i], d[i >> 5]);
+    const int blocks = K >> 5, lane = threadIdx.x & 31;
+    for (i64 t = first >> 5; t < T; t += stride >> 5) {  // (blockDim.x a multiple of 32)
+        int bad = 0;
+        for (int b = lane; b < blocks; b += 32) bad |= !(fabsf(d[t * blocks + b]) <= 0x1p40f);
+        bad = __any_sync(FULL_MASK, bad);
+        if (lane == 0) flags[t] = bad;
+    }
+}
+
 // ---- ARGMAX ----------------------------------------------------------------------------------------
 
 // grid (slices, rows): block (s, r) takes ARGMAX_SLICE elements of row r, all its loads issued at
