@@ -263,6 +263,11 @@ class _FakeTensor:
     def __getitem__(self, key) -> _FakeTensor:
         return _FakeTensor()
 
+    dtype = "float32"
+
+    def view(self, *shape) -> _FakeTensor:  # (a reshape, or bytes as floats: the same address)
+        return self
+
 
 def _fake_value(dtype, shape):
     from parity.backends.gpu.runtime import Q8Value
@@ -289,7 +294,7 @@ def _twin_spec(name):
     )  # fmt: skip
 
 
-def _lower(spec, params, views=lambda graph: frozenset()):
+def _lower(spec, params, views=lambda graph: frozenset(), **options):
     """A decoder graph fused as the GPU backends fuse it, through cuda's Lowering, its values
     fake addresses."""
     from parity.arch.decoder import build_decoder
@@ -310,8 +315,34 @@ def _lower(spec, params, views=lambda graph: frozenset()):
         for s in graph.nodes[i].src:
             readers.setdefault(s, []).append(i)
     lowering = Lowering(graph, values, weights, lambda _: None, _copy, _fake_value,
-                        views=views(graph))  # fmt: skip
+                        views=views(graph), **options)  # fmt: skip
     return spec, graph, lowering, lowering.lower(nodes, readers), nodes
+
+
+def _float_gemm(out, a, b, add=None) -> None:
+    """The runtime's TF32 GEMM (FAST_GEMM), counted by identity."""
+
+
+@pytest.mark.parametrize("name, per_layer", [("smollm2-135m", 0), ("qwen2.5-coder-0.5b", 3)])
+@pytest.mark.parametrize("fast", [False, True])
+def test_fast_products_take_the_tensor_cores_by_the_weight_size(name, per_layer, fast):
+    """FAST_GEMM under numerics = "fast", a 300-token prefill of a real model: the products of
+    FAST_GEMM_MIN_ELEMENTS or more (Qwen's gate, up and down) on the float GEMM, each after its
+    weight's dequant_rows and followed by gemm_mma for the flagged tiles; the smaller ones
+    (Qwen's q/k/v and o, all of SmolLM2's) and every product under exact on gemm_mma alone."""
+    from parity.arch.params import GraphParams
+
+    params = GraphParams(n_tokens=300, n_ctx=2048, output="logits")
+    spec, _, lowering, lowered, nodes = _lower(_twin_spec(name), params, fast=fast,
+                                                   matmul=_float_gemm)  # fmt: skip
+    assert lowering.done == set(nodes)
+    gemms = sum(fn is _float_gemm for fn, _ in lowered.launches)
+    names = [launch.name for _, (launch, *_) in lowered.launches if hasattr(launch, "name")]
+    expected = per_layer * spec.n_layer if fast else 0
+    assert gemms == expected
+    assert sum(n.startswith("dequant_rows") for n in names) == expected
+    assert names.count("q8_to_f32") == (2 * spec.n_layer if expected else 0)  # gate/up, down
+    assert sum(n.startswith("gemm_mma") for n in names) == 4 * spec.n_layer  # (as exact)
 
 
 def _copy(dst, src) -> None:
