@@ -527,6 +527,37 @@ def test_fast_products_on_the_tensor_cores_keep_their_tier_in_the_emulator(
     assert "q8_to_f32" in names and "dequant_rows" in names and "gemm_mma<" in names, names
 
 
+@pytest.mark.parametrize("dtype", ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"])
+def test_fast_products_dequantize_their_weights_as_the_oracle_does(dtype) -> None:
+    """dequant_rows (a sub-block a thread, FAST_GEMM's right operand) gives dequantize(W) bit
+    for bit: the oracle's, edge scales included, for every quantized type of the products."""
+    import ctypes
+
+    import numpy as np
+    import torch
+    from cuda_emulator.backend import EmulatedDriver, EmulatedLibrary
+
+    from parity.backends.gpu.driver import Launch, pack, pointer
+    from parity.core.dtypes import DType
+    from parity.quant.dequant import dequantize
+    from parity.quant.synthetic import random_weight
+
+    qtype = DType[dtype]
+    rows, k = 5, 512
+    raw = random_weight(qtype, (rows, k), np.random.default_rng(7), edge=True)
+    w = torch.from_numpy(raw.reshape(-1).view(np.uint8).copy())
+    y = torch.full((rows, k), float("nan"))
+    library = EmulatedLibrary()
+    name = f"dequant_rows<{qtype.value}>"
+    subs = rows * k // (16 if qtype is DType.Q6_K else 32)
+    args = pack([pointer(y), pointer(w), rows, k, ctypes.c_longlong(qtype.nbytes(k))])
+    launch = Launch(name, library.function("rows.cu", name), (-(-subs // 256), 1, 1),
+                    (256, 1, 1), 0, args)  # fmt: skip
+    EmulatedDriver(library).launch(launch, 0)
+    want = dequantize(qtype, raw, (rows, k))
+    assert y.numpy().view(np.uint32).tolist() == want.view(np.uint32).tolist()
+
+
 def test_exact_numerics_ignore_fast_products(monkeypatch) -> None:
     """FAST_GEMM is a fast-tier path: under numerics = "exact" the integer GEMM, bit for bit."""
     launched = _judge_with("matmul_swiglu-Q4_1-40x512-t35", monkeypatch, FAST_GEMM=True)
