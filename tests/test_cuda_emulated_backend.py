@@ -529,8 +529,8 @@ def test_fast_products_on_the_tensor_cores_keep_their_tier_in_the_emulator(
 
 @pytest.mark.parametrize("dtype", ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"])
 def test_fast_products_dequantize_their_weights_as_the_oracle_does(dtype) -> None:
-    """dequant_rows (a sub-block a thread, FAST_GEMM's right operand) gives dequantize(W) bit
-    for bit: the oracle's, edge scales included, for every quantized type of the products."""
+    """dequant_rows (FAST_GEMM's right operand) gives dequantize(W) bit for bit: the oracle's,
+    edge scales included, for every quantized type of the products."""
     import ctypes
 
     import numpy as np
@@ -549,9 +549,8 @@ def test_fast_products_dequantize_their_weights_as_the_oracle_does(dtype) -> Non
     y = torch.full((rows, k), float("nan"))
     library = EmulatedLibrary()
     name = f"dequant_rows<{qtype.value}>"
-    subs = rows * k // (16 if qtype is DType.Q6_K else 32)
-    args = pack([pointer(y), pointer(w), rows, k, ctypes.c_longlong(qtype.nbytes(k))])
-    launch = Launch(name, library.function("rows.cu", name), (-(-subs // 256), 1, 1),
+    args = pack([pointer(y), pointer(w), k, ctypes.c_longlong(qtype.nbytes(k))])
+    launch = Launch(name, library.function("rows.cu", name), (-(-k // 2048), rows, 1),
                     (256, 1, 1), 0, args)  # fmt: skip
     EmulatedDriver(library).launch(launch, 0)
     want = dequantize(qtype, raw, (rows, k))

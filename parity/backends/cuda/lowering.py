@@ -978,7 +978,7 @@ class Lowering:
         return (FAST_GEMM and self.fast and self.matmul is not None and t > GEMV_TOKENS[-1]
                 and w.dtype.is_quantized
                 and FAST_GEMM_MIN_ELEMENTS <= w.shape[0] * w.shape[1] <= FAST_GEMM_ELEMENTS
-                and w.shape[1] % 32 == 0)  # fmt: skip
+                and w.shape[0] <= 65535 and w.shape[1] % 32 == 0)  # fmt: skip
 
     def _float_product(
         self, out, x_id, q, d, weights, bias, res, shape, q8, epi, glu
@@ -1003,9 +1003,8 @@ class Lowering:
 
         def product(y: Any, weight: int, add: Any = None) -> None:
             w = self.graph.nodes[weight]
-            subs = n * k // sub_block(w.dtype)  # (a thread each)
-            self._launch("rows.cu", f"dequant_rows<{w.dtype.value}>", grid1(subs, cap=1 << 30),
-                         (256, 1, 1), [pointer(wf), self._ptr(weight), n, k,
+            self._launch("rows.cu", f"dequant_rows<{w.dtype.value}>", (-(-k // 2048), n, 1),
+                         (256, 1, 1), [pointer(wf), self._ptr(weight), k,
                                        ctypes.c_longlong(w.dtype.nbytes(k))])  # fmt: skip
             self.out.launches.append((self.matmul, (y, xf, wf, add)))
 

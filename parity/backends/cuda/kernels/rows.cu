@@ -216,31 +216,21 @@ __global__ void get_rows(float* y, const u8* w, const int* ids, int n_tokens, in
 }
 
 // y = dequantize(W) (rows, K), the right operand of a fast product on the tensor cores
-// (lowering.FAST_GEMM): a thread a sub-block (load_sub, the GEMV's loads: a few words, where
-// dequant_element reads bytes an element), its values written four at a time; each value is
-// dequant_element's, the same operations
+// (lowering.FAST_GEMM): row blockIdx.y, blockDim.x * DEQ_RUN elements a block, each thread a
+// run of DEQ_RUN from one sub-block, written four at a time (K a multiple of 32)
+#define DEQ_RUN 8
 template <int QT>
-__global__ void dequant_rows(float* y, const u8* w, int rows, int K, i64 row_bytes) {
+__global__ void dequant_rows(float* y, const u8* w, int K, i64 row_bytes) {
     pdl_begin();
-    constexpr int L = Layout<QT>::L, MIN = Layout<QT>::MIN;  // (K a multiple of L)
-    const int subs = K / L;
-    const i64 g = blockIdx.x * (i64)blockDim.x + threadIdx.x;
-    if (g >= (i64)rows * subs) return;
-    const int r = (int)(g / subs), s = (int)(g % subs);
-    int q[8];
-    float a, m;
-    load_sub<QT>(w + (i64)r * row_bytes, s, q, a, m);
-    float4* out = reinterpret_cast<float4*>(y + (i64)r * K + (i64)s * L);
+    const int e = (blockIdx.x * blockDim.x + threadIdx.x) * DEQ_RUN;
+    if (e >= K) return;
+    const u8* row = w + (i64)blockIdx.y * row_bytes;
+    float v[DEQ_RUN];
 #pragma unroll
-    for (int i = 0; i < L / 4; ++i) {
-        float v[4];
+    for (int i = 0; i < DEQ_RUN; ++i) v[i] = dequant_element<QT>(row, e + i);
+    float4* out = reinterpret_cast<float4*>(y + (i64)blockIdx.y * K + e);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {  // (each byte a signed quant: element 4 i + k)
-            const float u = __fmul_rn(a, (float)(i8)(q[i] >> (8 * k)));
-            v[k] = MIN == 1 ? __fadd_rn(u, m) : MIN == -1 ? __fsub_rn(u, m) : u;
-        }
-        out[i] = make_float4(v[0], v[1], v[2], v[3]);
-    }
+    for (int i = 0; i < DEQ_RUN; i += 4) out[i / 4] = make_float4(v[i], v[i + 1], v[i + 2], v[i + 3]);
 }
 
 // y = q * d of a Q8A value (T, K), as floats: the left operand of a fast product on the tensor
