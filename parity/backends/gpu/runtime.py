@@ -145,27 +145,20 @@ class GpuRuntime:
     def matmul(self, out: Any, a: Any, b: Any, add: Any = None) -> None:
         """Queue out = a b^T (+ add: out's shape, or a row broadcast over its rows) in float32
         on the tensor cores (TF32 inputs, float32 sums: the fast tier's products, cuBLAS
-        through torch). The TF32 switch is torch's global one: set for this call only, and
-        put back as it was."""
+        through torch). TF32 is torch's global float32 matmul precision: set to "high" for
+        this call only (through the call that keeps torch's old and new TF32 settings
+        consistent) and put back as it was; another thread's matmuls meanwhile would see it."""
         torch = self.torch
-        flags = torch.backends.cuda.matmul
-        new = hasattr(flags, "fp32_precision")  # (torch 2.9 on; mixing the two APIs raises)
+        before = torch.get_float32_matmul_precision()
         with torch.cuda.stream(self.stream):
-            before = flags.fp32_precision if new else flags.allow_tf32
-            if new:
-                flags.fp32_precision = "tf32"
-            else:
-                flags.allow_tf32 = True
+            torch.set_float32_matmul_precision("high")
             try:
                 if add is None:
                     torch.mm(a, b.t(), out=out)
                 else:
                     torch.addmm(add, a, b.t(), out=out)
             finally:
-                if new:
-                    flags.fp32_precision = before
-                else:
-                    flags.allow_tf32 = before
+                torch.set_float32_matmul_precision(before)
 
     @staticmethod
     def _check_bytes(tensor: Any, nbytes: int, what: str) -> None:
