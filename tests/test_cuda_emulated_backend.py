@@ -506,6 +506,8 @@ def test_a_tiny_model_under_fast_numerics_keeps_its_tiers_in_the_emulator(
 # whose one tile is flagged (so exact)
 FAST_GEMM_CASES = [
     ("matmul_swiglu-Q4_1-40x512-t35", "bound"),
+    ("matmul_add-plain-bias-Q5_0-64x512-t40", "bound"),
+    ("fusion-ffn-plain-Q5_0-256x512-t40", "bound"),
     ("matmul_add-Q6_K-40x512-t35", "bound"),
     ("fusion-ffn-Q4_K-256x512-t40", "bound"),
     ("fusion-geglu-Q8_0-640x512-t40", "bound"),
@@ -555,6 +557,25 @@ def test_fast_products_dequantize_their_weights_as_the_oracle_does(dtype) -> Non
     EmulatedDriver(library).launch(launch, 0)
     want = dequantize(qtype, raw, (rows, k))
     assert y.numpy().view(np.uint32).tolist() == want.view(np.uint32).tolist()
+
+
+@pytest.mark.parametrize("case", ["matmul_add-plain-bias-Q5_0-64x512-t40",
+                                  "matmul_swiglu-plain-Q4_1-64x512-t40",
+                                  "fusion-ffn-plain-Q5_0-256x512-t40"])  # fmt: skip
+def test_a_float_gemm_one_percent_off_fails_the_plain_cases(case, monkeypatch) -> None:
+    """The plain cases (no planted values, no edge weight scales) are what holds FAST_GEMM to
+    its tier: planted values 10^30 times larger swamp a whole node's NMSE. A GEMM 1 % off
+    fails each of them."""
+    from parity.backends.gpu.host import HostRuntime
+
+    matmul = HostRuntime.matmul
+
+    def off(self, out, *args) -> None:
+        matmul(self, out, *args)
+        out.mul_(1.01)
+
+    monkeypatch.setattr(HostRuntime, "matmul", off)
+    _judge_with(case, monkeypatch, "fast", "FAIL", FAST_GEMM=True, FAST_GEMM_MIN_ELEMENTS=0)
 
 
 def test_exact_numerics_ignore_fast_products(monkeypatch) -> None:

@@ -81,9 +81,12 @@ class _Builder:
         blocks["q"], blocks["d"], blocks["s"] = q.q.reshape(t, k // 32, 32), q.d, q.s
         return self.input(name, blocks)
 
-    def weight(self, name: str, dtype: DType, shape: tuple[int, ...], data=None) -> Ref:
+    def weight(
+        self, name: str, dtype: DType, shape: tuple[int, ...], data=None, edge: bool = True
+    ) -> Ref:
+        """A seeded weight; with ``edge``, quantized blocks of the edge scales planted."""
         if data is None:
-            data = random_weight(dtype, shape, self.rng, edge=True)
+            data = random_weight(dtype, shape, self.rng, edge=edge)
         self.weights[name] = WeightData(name, dtype, shape, data)
         return self.b.weight(name, dtype, shape)
 
@@ -125,7 +128,7 @@ def real_matmul_shapes() -> list[tuple[DType, int, int]]:
 def _matmul(dtype: DType, n: int, k: int, t: int, bias: bool = False, special: bool = True):
     def make(g: _Builder) -> Ref:
         x = activations(g.rng, (t, k), special=special)
-        srcs = [g.input("x", x), g.weight("w", dtype, (n, k))]
+        srcs = [g.input("x", x), g.weight("w", dtype, (n, k), edge=special)]
         if bias:
             srcs.append(g.weight("bias", F32, (n,)))
         return g.op(Op.MATMUL, *srcs)
@@ -260,38 +263,50 @@ def _rms_norm_mul(width: int, eps: float, rows: int = 5):
     return make
 
 
-def _matmul_add(dtype: DType, n: int, k: int, t: int, bias: bool = False):
+def _matmul_add(dtype: DType, n: int, k: int, t: int, bias: bool = False, special: bool = True):
     def make(g: _Builder) -> Ref:
-        srcs = [g.input("x", activations(g.rng, (t, k))), g.weight("w", dtype, (n, k))]
+        x = activations(g.rng, (t, k), special=special)
+        srcs = [g.input("x", x), g.weight("w", dtype, (n, k), edge=special)]
         if bias:
             srcs.append(g.weight("bias", F32, (n,)))
-        residual = activations(g.rng, (t, n), scale=3)
+        residual = activations(g.rng, (t, n), special=special, scale=3)
         return g.op(Op.MATMUL_ADD, *srcs, g.input("r", residual))
 
     return make
 
 
 def _matmul_swiglu(
-    dtype: DType, n: int, k: int, t: int, quantized: bool = False, up: DType | None = None
+    dtype: DType,
+    n: int,
+    k: int,
+    t: int,
+    quantized: bool = False,
+    up: DType | None = None,
+    special: bool = True,
 ):
     def make(g: _Builder) -> Ref:
-        x = g.quantized("xq", t, k) if quantized else g.input("x", activations(g.rng, (t, k)))
-        gate_w = g.weight("gate", dtype, (n, k))
-        return g.op(Op.MATMUL_SWIGLU, x, gate_w, g.weight("up", up or dtype, (n, k)))
+        if quantized:
+            x = g.quantized("xq", t, k)
+        else:
+            x = g.input("x", activations(g.rng, (t, k), special=special))
+        gate_w = g.weight("gate", dtype, (n, k), edge=special)
+        up_w = g.weight("up", up or dtype, (n, k), edge=special)
+        return g.op(Op.MATMUL_SWIGLU, x, gate_w, up_w)
 
     return make
 
 
-def _unfused_ffn(dtype: DType, e: int, f: int, t: int, eps: float):
+def _unfused_ffn(dtype: DType, e: int, f: int, t: int, eps: float, special: bool = True):
     """A decoder's FFN block as the graph builder writes it: every fusion has a place here
     (the norm and its weight, gate and up with their SWIGLU, down and the residual ADD)."""
 
     def make(g: _Builder) -> Ref:
-        x = g.input("x", activations(g.rng, (t, e)))
+        x = g.input("x", activations(g.rng, (t, e), special=special))
         h = g.op(Op.MUL, g.op(Op.RMS_NORM, x, arg=eps), g.weight("norm", F32, (e,)))
-        gate = g.op(Op.MATMUL, h, g.weight("gate", dtype, (f, e)))
-        up = g.op(Op.MATMUL, h, g.weight("up", dtype, (f, e)))
-        down = g.op(Op.MATMUL, g.op(Op.SWIGLU, gate, up), g.weight("down", dtype, (e, f)))
+        gate = g.op(Op.MATMUL, h, g.weight("gate", dtype, (f, e), edge=special))
+        up = g.op(Op.MATMUL, h, g.weight("up", dtype, (f, e), edge=special))
+        down_w = g.weight("down", dtype, (e, f), edge=special)
+        down = g.op(Op.MATMUL, g.op(Op.SWIGLU, gate, up), down_w)
         return g.op(Op.ADD, x, down)
 
     return make
@@ -463,13 +478,31 @@ def op_suite() -> list[CaseSpec]:
     specs.append(
         _spec("matmul-Q4_0-48x128-t37", Op.MATMUL, DType.Q4_0, _matmul(DType.Q4_0, 48, 128, 37))
     )
-    # plain values only (no SPECIAL), over two 64-token tiles: a bounded tier's NMSE then
-    # measures the ordinary elements, which planted values 10^30 times larger would swamp
+    # plain values only (no SPECIAL, no edge weight scales), over two 64-token tiles: a bounded
+    # tier's NMSE then measures the ordinary elements, which planted values 10^30 times larger
+    # (or weight blocks of scale 65,504) would swamp
     for dtype in WEIGHT_TYPES:
         name = f"matmul-plain-{dtype.name}-64x512-t70"
         specs.append(
             _spec(name, Op.MATMUL, dtype, _matmul(dtype, 64, 512, 70, special=False), seed=70)
         )
+    # ... and of the products with a bias, a residual, both, and gate/up with their SWIGLU
+    specs.append(
+        _spec("matmul-plain-bias-Q8_0-64x512-t40", Op.MATMUL, DType.Q8_0,
+              _matmul(DType.Q8_0, 64, 512, 40, bias=True, special=False), seed=40)
+    )  # fmt: skip
+    specs.append(
+        _spec("matmul_add-plain-Q4_K-64x512-t40", Op.MATMUL_ADD, DType.Q4_K,
+              _matmul_add(DType.Q4_K, 64, 512, 40, special=False), seed=40)
+    )  # fmt: skip
+    specs.append(
+        _spec("matmul_add-plain-bias-Q5_0-64x512-t40", Op.MATMUL_ADD, DType.Q5_0,
+              _matmul_add(DType.Q5_0, 64, 512, 40, bias=True, special=False), seed=40)
+    )  # fmt: skip
+    specs.append(
+        _spec("matmul_swiglu-plain-Q4_1-64x512-t40", Op.MATMUL_SWIGLU, DType.Q4_1,
+              _matmul_swiglu(DType.Q4_1, 64, 512, 40, special=False), seed=40)
+    )  # fmt: skip
     specs.append(
         _spec("matmul-Q5_0-bias-128x896-t3", Op.MATMUL, DType.Q5_0,
               _matmul(DType.Q5_0, 128, 896, 3, bias=True))
@@ -759,6 +792,11 @@ def fused_suite() -> list[CaseSpec]:
     for dtype in (DType.Q5_0, DType.Q4_K):
         add(f"fusion-ffn-{dtype.name}-256x512-t40", Op.ADD, dtype,
             _unfused_ffn(dtype, 256, 512, 40, qwen.rms_eps), rewrite=True)  # fmt: skip
+    # ... with plain values only (no SPECIAL, no edge weight scales): a bounded tier's NMSE of
+    # the products, the GLU's quantized output and down then measures ordinary elements
+    add("fusion-ffn-plain-Q5_0-256x512-t40", Op.ADD, DType.Q5_0,
+        _unfused_ffn(DType.Q5_0, 256, 512, 40, qwen.rms_eps, special=False),
+        rewrite=True)  # fmt: skip
     # a product, its residual and the next block's norm (a GPU backend may norm in the
     # product's last block), and Gemma 3's chain of norm, ADD and norm, 1,152 wide (Gemma 3
     # 1B's width: runs of 16 squares in a block of 128 threads)
