@@ -204,18 +204,17 @@ made = []  # the kernels each backend's launches run, by name
 kernel = tb.TritonBackend._kernel
 tb.TritonBackend._kernel = lambda self, fn, *a, **k: made.append(fn.__name__) or kernel(
     self, fn, *a, **k)
-# name: (case, whether its weights keep the suite's edge scales, a factor for its x or
-# "normal": ordinary activations instead)
+# name: (case, whether its weights (made here, seeded) have the edge scales planted, a factor
+# for its x or "normal": ordinary activations instead)
 for name, (case_id, edge, factor) in json.loads(sys.argv[1]).items():
     got = []
     for half in (False, True):
         tb.FAST_GEMM_HALF = half
         case = specs[case_id].build()
-        if not edge:
-            rng = np.random.default_rng(5)
-            for w_name, w in case.weights.items():
-                data = random_weight(w.dtype, w.shape, rng, edge=False)
-                case.weights[w_name] = WeightData(w_name, w.dtype, w.shape, data)
+        rng = np.random.default_rng(5)
+        for w_name, w in case.weights.items():
+            data = random_weight(w.dtype, w.shape, rng, edge=edge)
+            case.weights[w_name] = WeightData(w_name, w.dtype, w.shape, data)
         if factor == "normal":  # ordinary activations in place of the suite's planted ones
             x = case.inputs["x"]
             case.inputs["x"] = np.random.default_rng(6).standard_normal(x.shape).astype(x.dtype)
