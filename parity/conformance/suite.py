@@ -487,22 +487,14 @@ def op_suite() -> list[CaseSpec]:
             _spec(name, Op.MATMUL, dtype, _matmul(dtype, 64, 512, 70, special=False), seed=70)
         )
     # ... and of the products with a bias, a residual, both, and gate/up with their SWIGLU
-    specs.append(
-        _spec("matmul-plain-bias-Q8_0-64x512-t40", Op.MATMUL, DType.Q8_0,
-              _matmul(DType.Q8_0, 64, 512, 40, bias=True, special=False), seed=40)
-    )  # fmt: skip
-    specs.append(
-        _spec("matmul_add-plain-Q4_K-64x512-t40", Op.MATMUL_ADD, DType.Q4_K,
-              _matmul_add(DType.Q4_K, 64, 512, 40, special=False), seed=40)
-    )  # fmt: skip
-    specs.append(
-        _spec("matmul_add-plain-bias-Q5_0-64x512-t40", Op.MATMUL_ADD, DType.Q5_0,
-              _matmul_add(DType.Q5_0, 64, 512, 40, bias=True, special=False), seed=40)
-    )  # fmt: skip
-    specs.append(
-        _spec("matmul_swiglu-plain-Q4_1-64x512-t40", Op.MATMUL_SWIGLU, DType.Q4_1,
-              _matmul_swiglu(DType.Q4_1, 64, 512, 40, special=False), seed=40)
-    )  # fmt: skip
+    for name, op, dtype, make, more in (
+        ("matmul-plain-bias", Op.MATMUL, DType.Q8_0, _matmul, {"bias": True}),
+        ("matmul_add-plain", Op.MATMUL_ADD, DType.Q4_K, _matmul_add, {}),
+        ("matmul_add-plain-bias", Op.MATMUL_ADD, DType.Q5_0, _matmul_add, {"bias": True}),
+        ("matmul_swiglu-plain", Op.MATMUL_SWIGLU, DType.Q4_1, _matmul_swiglu, {}),
+    ):
+        specs.append(_spec(f"{name}-{dtype.name}-64x512-t40", op, dtype,
+                           make(dtype, 64, 512, 40, special=False, **more), seed=40))  # fmt: skip
     specs.append(
         _spec("matmul-Q5_0-bias-128x896-t3", Op.MATMUL, DType.Q5_0,
               _matmul(DType.Q5_0, 128, 896, 3, bias=True))
