@@ -122,11 +122,12 @@ def test_gpu_out_of_memory_is_one_clear_error(model):
         Runtime([cuda()], weights).step(graph, ())
 
 
-def test_fast_products_on_the_tensor_cores_keep_their_tiers_and_capture(model, monkeypatch):
-    """FAST_GEMM under numerics = "fast" (cuBLAS's TF32 GEMM through torch, gemm_mma for
-    flagged rows): a 300-token prompt and its decode steps within every node's tier
-    (compare_steps), a captured 64-token prefill verified against eager, and torch's TF32
-    switch left as it was."""
+@pytest.mark.parametrize("half", [False, True])
+def test_fast_products_on_the_tensor_cores_keep_their_tiers_and_capture(half, model, monkeypatch):
+    """FAST_GEMM under numerics = "fast" (cuBLAS's TF32 GEMM through torch, or with ``half``
+    its float16 one, gemm_mma for flagged rows): a 300-token prompt and its decode steps
+    within every node's tier (compare_steps), a captured 64-token prefill verified against
+    eager, and torch's TF32 switch left as it was."""
     import torch
 
     from parity.arch.decoder import DecoderGraphs, graph_inputs
@@ -136,12 +137,13 @@ def test_fast_products_on_the_tensor_cores_keep_their_tiers_and_capture(model, m
 
     monkeypatch.setattr(lowering, "FAST_GEMM", True)
     monkeypatch.setattr(lowering, "FAST_GEMM_MIN_ELEMENTS", 0)  # (a tiny model's products)
+    monkeypatch.setattr(lowering, "FAST_GEMM_HALF", half)
     before = torch.get_float32_matmul_precision()
     gemms = []
     matmul = GpuRuntime.matmul
 
     def counted(self, *args) -> None:
-        gemms.append(args[0].shape)
+        gemms.append(args[1].dtype)
         matmul(self, *args)
 
     monkeypatch.setattr(GpuRuntime, "matmul", counted)
@@ -154,6 +156,7 @@ def test_fast_products_on_the_tensor_cores_keep_their_tiers_and_capture(model, m
     report = compare_steps(name, spec, weights, prompt, 4, cpu, fast)
     assert report.violation is None, report.summary()
     assert gemms, "no product took the float GEMM"
+    assert set(gemms) == {torch.float16 if half else torch.float32}, gemms
     graph = DecoderGraphs(spec)(GraphParams(n_tokens=64, n_ctx=256, output="logits"))
     rt = Runtime([fast()], weights, capture=True, verify_capture=True)
     step = rt.step(graph, ())

@@ -469,12 +469,13 @@ def test_gemma3_norms_wider_than_a_block_are_bit_exact_in_the_emulator(
     assert report.identical_share == 1.0 and report.tokens_agree == 2
 
 
-@pytest.mark.parametrize("products", [False, True])
+@pytest.mark.parametrize("products, half", [(False, False), (True, False), (True, True)])
 def test_a_tiny_model_under_fast_numerics_keeps_its_tiers_in_the_emulator(
-    products, monkeypatch
+    products, half, monkeypatch
 ) -> None:
     """A tiny model (heads of 64) under numerics = "fast": a 40-token prefill's attention by
-    attention_fast (and with ``products`` its products by FAST_GEMM), two decode steps by
+    attention_fast (and with ``products`` its products by FAST_GEMM, with ``half`` on
+    float16 operands), two decode steps by
     flash decoding; every node of every step within its tier of the oracle's (compare_steps:
     a bounded difference may flow on, no node may break its tier on its own inputs), and the
     greedy tokens the same."""
@@ -487,6 +488,7 @@ def test_a_tiny_model_under_fast_numerics_keeps_its_tiers_in_the_emulator(
 
     monkeypatch.setattr(lowering, "FAST_GEMM", products)
     monkeypatch.setattr(lowering, "FAST_GEMM_MIN_ELEMENTS", 0)  # (a tiny model's products)
+    monkeypatch.setattr(lowering, "FAST_GEMM_HALF", half)
     launched = _count_launches(monkeypatch)
     spec, weights = synthetic_model(tiny_spec("qwen2", n_ctx_train=1024), seed=5)
     prompt = [(7 * i) % 500 + 1 for i in range(40)]
@@ -496,7 +498,7 @@ def test_a_tiny_model_under_fast_numerics_keeps_its_tiers_in_the_emulator(
     assert report.identical_share < 1.0 and report.tokens_agree == 3
     # (nodes past looser ones are also judged alone, on the backend's inputs: more launches)
     assert launched["attention_fast"] >= spec.n_layer and launched["attention_chunks"], launched
-    assert bool(launched["q8_to_f32"]) == products, launched
+    assert bool(launched["q8_to_f16" if half else "q8_to_f32"]) == products, launched
 
 
 # a prefill's products of quantized weights under FAST_GEMM: x's row 0 holding +-1e30 (flagged:
@@ -527,6 +529,129 @@ def test_fast_products_on_the_tensor_cores_keep_their_tier_in_the_emulator(
                            FAST_GEMM_MIN_ELEMENTS=0)  # fmt: skip
     names = " ".join(name for name, _ in launched)
     assert "q8_to_f32" in names and "dequant_rows" in names and "gemm_mma<" in names, names
+
+
+# FAST_GEMM_HALF (float16 operands, each row scaled by a power of two): the planted +-1e30
+# row flagged as before, gate/up with both GLUs, biases, a residual, the plain cases
+FAST_GEMM_HALF_CASES = [
+    "matmul_swiglu-Q4_1-40x512-t35",
+    "matmul_add-plain-bias-Q5_0-64x512-t40",
+    "fusion-ffn-plain-Q5_0-256x512-t40",
+    "fusion-geglu-Q8_0-640x512-t40",
+    "fusion-qkv-bias-Q5_0-Q8_0-256-t40",
+]
+
+
+@pytest.mark.parametrize("case", FAST_GEMM_HALF_CASES)
+def test_fast_products_on_float16_tensor_cores_keep_their_tier_in_the_emulator(
+    case, monkeypatch
+) -> None:
+    """FAST_GEMM with FAST_GEMM_HALF: x and each weight as float16 rows scaled by powers of
+    two, the runtime's GEMM of them (the emulator's: their float32 values, float32 sums),
+    the shifts undone on the sums; every node within the fast tier, the float16 path taken."""
+    launched = _judge_with(case, monkeypatch, "fast", "bound", FAST_GEMM=True,
+                           FAST_GEMM_MIN_ELEMENTS=0, FAST_GEMM_HALF=True)  # fmt: skip
+    names = " ".join(name for name, _ in launched)
+    assert "q8_to_f16" in names and "dequant_rows_half" in names, names
+    assert "q8_to_f32" not in names, names
+
+
+def _launch_rows_kernel(name: str, grid, block, args) -> None:
+    from cuda_emulator.backend import EmulatedDriver, EmulatedLibrary
+
+    from parity.backends.gpu.driver import Launch, pack
+
+    library = EmulatedLibrary()
+    launch = Launch(name, library.function("rows.cu", name), grid, block, 0, pack(args))
+    EmulatedDriver(library).launch(launch, 0)
+
+
+def _as_half_bits(y, want) -> tuple[list[int], list[int]]:
+    """The kernel's float16 bits and the wanted ones (numpy's round to nearest even), every
+    NaN as one NaN (the kernel makes quiet NaNs of its own)."""
+    import numpy as np
+
+    got = y.numpy().view(np.uint16).copy()
+    exp = np.asarray(want, np.float16).view(np.uint16).copy()
+    for bits in (got, exp):
+        bits[np.isnan(bits.view(np.float16))] = 0x7E00
+    return got.ravel().tolist(), exp.ravel().tolist()
+
+
+def test_fast_float16_rows_of_x_are_its_values_scaled_and_rounded() -> None:
+    """q8_to_f16: each row of x's values fl(q d) times 2^s, s = 15 - e for 128 max|d| = f 2^e
+    (so every magnitude below 2^15), rounded to nearest even as numpy does: normal rows,
+    blocks whose values land among float16's subnormals, a row of zeros; rows with a scale
+    above 2^40 or not finite flagged (shift 0: inf, NaN), one at 2^40 not."""
+    import numpy as np
+    import torch
+
+    from parity.backends.gpu.driver import pointer
+
+    rng = np.random.default_rng(11)
+    t, k = 7, 256
+    q = rng.integers(-127, 128, (t, k), dtype=np.int8)
+    d = (rng.standard_normal((t, k // 32)) * 1e-2).astype(np.float32)
+    d[1, 1:] = np.float32(2.0**-32) * rng.uniform(1, 2, k // 32 - 1).astype(np.float32)
+    d[1, 0] = 1.0  # (the rest below 2^-14 once shifted: float16 subnormals)
+    d[2] = 0.0
+    d[3, 2] = 1e30
+    d[4, 5] = np.nan
+    d[5, 3] = np.inf
+    d[6, 4] = 2.0**40
+    y = torch.full((t, k), float("nan"), dtype=torch.float16)
+    shift = torch.full((t,), -999, dtype=torch.int32)
+    flags = torch.full((t,), -1, dtype=torch.int32)
+    _launch_rows_kernel("q8_to_f16", (t, 1, 1), (256, 1, 1),
+                        [pointer(y), pointer(shift), pointer(flags), pointer(torch.from_numpy(q)),
+                         pointer(torch.from_numpy(d)), k])  # fmt: skip
+    bad = ~(np.abs(d) <= 2.0**40).all(axis=1)
+    top = np.float32(128) * np.abs(np.where(np.isfinite(d), d, 0)).max(axis=1)
+    want_shift = np.where(bad | (top == 0), 0, 15 - np.frexp(top)[1])
+    assert flags.tolist() == bad.astype(int).tolist()
+    assert shift.tolist() == want_shift.tolist()
+    values = q.astype(np.float32) * np.repeat(d, 32, axis=1)
+    want = np.ldexp(values, want_shift[:, None].astype(np.int32))
+    with np.errstate(over="ignore"):
+        got, exp = _as_half_bits(y, want.astype(np.float16))
+    assert got == exp
+    ok = ~bad
+    assert np.abs(y.numpy()[ok].astype(np.float32)).max() < 2.0**15
+    small = y.numpy()[1, 32:].view(np.uint16)  # (row 1's small blocks: float16 subnormals)
+    assert not (small & 0x7C00).any() and (small & 0x3FF).astype(bool).mean() > 0.5
+
+
+@pytest.mark.parametrize("dtype", ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"])
+def test_fast_float16_rows_of_a_weight_are_its_values_scaled_and_rounded(dtype) -> None:
+    """dequant_rows_half: each row of dequantize(W) (the oracle's values, edge scales
+    included) times 2^s and rounded to nearest even as numpy does, every magnitude below
+    2^15 and the shift no more than 2^8 short of the largest it could be."""
+    import ctypes
+
+    import numpy as np
+    import torch
+
+    from parity.backends.gpu.driver import pointer
+    from parity.core.dtypes import DType
+    from parity.quant.dequant import dequantize
+    from parity.quant.synthetic import random_weight
+
+    qtype = DType[dtype]
+    rows, k = 6, 512
+    raw = random_weight(qtype, (rows, k), np.random.default_rng(7), edge=True)
+    w = torch.from_numpy(raw.reshape(-1).view(np.uint8).copy())
+    y = torch.full((rows, k), float("nan"), dtype=torch.float16)
+    shift = torch.full((rows,), -999, dtype=torch.int32)
+    _launch_rows_kernel(f"dequant_rows_half<{qtype.value}>", (rows, 1, 1), (128, 1, 1),
+                        [pointer(y), pointer(shift), pointer(w), k,
+                         ctypes.c_longlong(qtype.nbytes(k))])  # fmt: skip
+    deq = dequantize(qtype, raw, (rows, k))
+    s = shift.numpy()
+    got, exp = _as_half_bits(y, np.ldexp(deq, s[:, None]).astype(np.float16))
+    assert got == exp
+    top = np.abs(deq).max(axis=1)
+    assert (np.ldexp(top, s) < 2.0**15).all(), (top, s)
+    assert (np.ldexp(top, s) >= 2.0**7).all(), (top, s)
 
 
 @pytest.mark.parametrize("dtype", ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"])

@@ -210,6 +210,12 @@ FAST_GEMM_MIN_ELEMENTS = 1 << 21  # ... and at least this many (H100, twelfth se
 # product, Qwen's 512-token prefill +36 %, Gemma 3's +3 %, SmolLM2's -14 %: its products of
 # 576 x 1,536 are too small for the GEMM to pay for the dequantizing; Qwen's gate, up and down,
 # 4,864 x 896, are not)
+# ... with float16 operands instead (rows.cu's q8_to_f16, dequant_rows_half: each row times a
+# power of two that keeps it in float16's range, undone exactly on the float32 sums by
+# unscale_f32 or glu_unscale_f32): half the bytes written and read, twice the tensor rate, the
+# same 11 bits of mantissa as TF32's inputs (rounded to nearest, where TF32 truncates). Off
+# until a GPU has timed it
+FAST_GEMM_HALF = False
 HEADS_WIDTH_MAX = 1024  # ... (attention.cu's shared memory: 36 KiB of tiles, 4 KiB of q)
 NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs
 
@@ -992,6 +998,8 @@ class Lowering:
         GLU and, where asked and rows are whole Q8 blocks, its QUANTIZE. Returns the flags,
         for gemm_mma to recompute the flagged rows' tiles exactly after it, and whether the
         QUANTIZE was done."""
+        if FAST_GEMM_HALF:
+            return self._half_product(out, x_id, q, d, weights, bias, res, shape, q8, epi, glu)
         t, n = shape
         k = self.graph.nodes[weights[0]].shape[1]
         xf = self._shared_scratch("fast_x", DType.F32, t * k)[: t * k].view(t, k)
@@ -1032,6 +1040,56 @@ class Lowering:
         self._launch("rows.cu", f"glu_f32<{int(epi == EPI_GEGLU)}>", grid1(t * n), (256, 1, 1),
                      [pointer(out), pointer(oq), pointer(od), pointer(os_), pointer(g),
                       pointer(u), ctypes.c_longlong(t * n)])  # fmt: skip
+        return flags, quantize
+
+    def _half_product(
+        self, out, x_id, q, d, weights, bias, res, shape, q8, epi, glu
+    ) -> tuple[Any, bool]:
+        """``_float_product`` with float16 operands (FAST_GEMM_HALF): x's rows and each
+        weight's as float16 times a power of two a row (their shifts), the runtime's GEMM
+        summing in float32, then unscale_f32 (the bias or residual added after the shifts are
+        undone) or, for gate and up, glu_unscale_f32 (the GLU and its QUANTIZE)."""
+        t, n = shape
+        k = self.graph.nodes[weights[0]].shape[1]
+        xh = self._shared_scratch("fast_xh", DType.F16, t * k)[: t * k].view(t, k)
+        sx = self._shared_scratch("fast_sx", DType.I32, t)
+        flags = self._shared_scratch("fast_flags", DType.I32, t)
+        if self._fast_x != x_id:
+            self._launch("rows.cu", "q8_to_f16", (t, 1, 1), (256, 1, 1),
+                         [pointer(xh), pointer(sx), pointer(flags), pointer(q), pointer(d),
+                          k])  # fmt: skip
+            self._fast_x = x_id
+        wh = self._shared_scratch("fast_wh", DType.F16, n * k)[: n * k].view(n, k)
+        sw = self._shared_scratch("fast_sw", DType.I32, 2 * n)  # (gate's, then up's)
+        grid = (-(-n // 256), t, 1)
+
+        def product(y: Any, weight: int, shifts: Any) -> None:
+            w = self.graph.nodes[weight]
+            self._launch("rows.cu", f"dequant_rows_half<{w.dtype.value}>", (n, 1, 1),
+                         (128, 1, 1), [pointer(wh), pointer(shifts), self._ptr(weight), k,
+                                       ctypes.c_longlong(w.dtype.nbytes(k))])  # fmt: skip
+            self.out.launches.append((self.matmul, (y, xh, wh)))
+
+        if len(weights) == 1:
+            product(out, weights[0], sw)
+            extra = [pointer(None) if j is None else self._ptr(j) for j in (bias, res)]
+            self._launch("rows.cu", "unscale_f32", grid, (256, 1, 1),
+                         [pointer(out), pointer(sx), pointer(sw), *extra, n])  # fmt: skip
+            return flags, False
+        keep = glu is not None  # the graph keeps the gate's and up's values
+        if keep:
+            g, u = self.values[glu[1]], self.values[glu[2]]
+        else:
+            g, u = (self._shared_scratch(name, DType.F32, t * n)[: t * n].view(t, n)
+                    for name in ("fast_gate", "fast_up"))  # fmt: skip
+        product(g, weights[0], sw[:n])
+        product(u, weights[1], sw[n:])
+        quantize = q8 is not None and n % 32 == 0
+        oq, od, os_ = self._q8_parts(q8 if quantize else None)
+        self._launch("rows.cu", f"glu_unscale_f32<{int(epi == EPI_GEGLU)}>", grid, (256, 1, 1),
+                     [pointer(out), pointer(oq), pointer(od), pointer(os_), pointer(g),
+                      pointer(u), pointer(sx), pointer(sw[:n]), pointer(sw[n:]), n,
+                      int(keep)])  # fmt: skip
         return flags, quantize
 
     def _argmax_of(self, i: int | None) -> int | None:

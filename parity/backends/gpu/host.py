@@ -27,7 +27,7 @@ class HostRuntime:
 
         self.torch = torch
         self.device = torch.device("cpu")
-        self._dtypes = {DType.F32: torch.float32, DType.I32: torch.int32}
+        self._dtypes = {DType.F32: torch.float32, DType.I32: torch.int32, DType.F16: torch.float16}
 
     def empty(self, torch_dtype: Any, shape: tuple[int, ...], what: str = "a value") -> Any:
         return self.torch.empty(shape, dtype=torch_dtype)
@@ -67,7 +67,10 @@ class HostRuntime:
     def matmul(self, out: Any, a: Any, b: Any, add: Any = None) -> None:
         """out = a b^T (+ add) as GpuRuntime's TF32 GEMM makes it, near enough: the inputs cut
         to TF32's 10 bits of mantissa (the tensor cores read the top 19 bits of each float),
-        float32 sums on the CPU."""
+        float32 sums on the CPU. Float16 a and b (FAST_GEMM_HALF): as floats, exactly."""
+        if a.dtype == self.torch.float16:
+            self.torch.mm(a.float(), b.float().t(), out=out)
+            return
         a, b = (self._tf32(v) for v in (a, b))
         if add is None:
             self.torch.mm(a, b.t(), out=out)

@@ -67,6 +67,7 @@ class GpuRuntime:
         self._dtypes = {
             DType.F32: torch.float32,
             DType.I32: torch.int32,
+            DType.F16: torch.float16,  # (scratch only: FAST_GEMM_HALF's operands)
         }
 
     # -- memory ------------------------------------------------------------------------------
@@ -145,10 +146,15 @@ class GpuRuntime:
     def matmul(self, out: Any, a: Any, b: Any, add: Any = None) -> None:
         """Queue out = a b^T (+ add: out's shape, or a row broadcast over its rows) in float32
         on the tensor cores (TF32 inputs, float32 sums: the fast tier's products, cuBLAS
-        through torch). TF32 is torch's global float32 matmul precision: set to "high" for
-        this call only (through the call that keeps torch's old and new TF32 settings
-        consistent) and put back as it was; another thread's matmuls meanwhile would see it."""
+        through torch); float16 a and b: their float32 sums, without ``add``. TF32 is
+        torch's global float32 matmul precision: set to "high" for this call only (through
+        the call that keeps torch's old and new TF32 settings consistent) and put back as it
+        was; another thread's matmuls meanwhile would see it."""
         torch = self.torch
+        if a.dtype == torch.float16:  # (FAST_GEMM_HALF: float16 operands, float32 sums, no add)
+            with torch.cuda.stream(self.stream):
+                torch.mm(a, b.t(), out_dtype=torch.float32, out=out)
+            return
         before = torch.get_float32_matmul_precision()
         with torch.cuda.stream(self.stream):
             torch.set_float32_matmul_precision("high")

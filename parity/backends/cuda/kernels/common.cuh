@@ -116,6 +116,21 @@ __device__ __forceinline__ float f16_to_f32(u16 h) {
     return bits_f32(sign | (exp == 0 ? sub : norm));
 }
 
+// binary32 -> binary16 bits, rounded to nearest even (inf past 65,504 and a half ulp, NaN a
+// quiet NaN). Normal: the exponent rebiased, 13 bits rounded off (a carry into the exponent is
+// the right answer); subnormal or zero: |f| + 0.5 leaves |f| / 2^-24 rounded once in the low
+// bits (an ulp of 0.5 is 2^-24), 1,024 being the smallest normal's bits
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    const u32 x = __float_as_uint(f), sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (u16)(sign | 0x7e00u);
+    if (ax >= 0x477ff000u) return (u16)(sign | 0x7c00u);
+    if (ax >= 0x38800000u) {
+        const u32 r = ax - 0x38000000u;
+        return (u16)(sign | ((r + 0xfffu + ((r >> 13) & 1u)) >> 13));
+    }
+    return (u16)(sign | (__float_as_uint(__fadd_rn(bits_f32(ax), 0.5f)) - 0x3f000000u));
+}
+
 // a little-endian u16 at any byte address (blocks of 18 or 22 bytes are only 2-aligned)
 __device__ __forceinline__ u16 load_u16(const u8* p) { return (u16)p[0] | ((u16)p[1] << 8); }
 

@@ -253,6 +253,156 @@ __global__ void q8_to_f32(float* y, int* flags, const i8* q, const float* d, int
     }
 }
 
+// ---- fast products on float16 tensor cores (lowering.FAST_GEMM_HALF) -----------------------
+//
+// x's Q8A values and dequantize(W) as float16 rows, each row times 2^s, its shift (an int),
+// which puts its largest magnitude below 2^15: no value overflows, and float16's normals reach
+// 2^-29 of a row's largest. cuBLAS's GEMM of them sums in float32; unscale_f32 (and
+// glu_unscale_f32 for gate and up) then multiplies each sum by 2^-(sx[t] + sw[n]), exactly
+// (scalbnf: no float32 power of two spans every pair of shifts).
+
+// The shift putting values of magnitude at most ``top`` below 2^15: 15 - e for top = f 2^e, f
+// in [0.5, 1); 0 for a row of zeros, or one with a scale not finite
+__device__ __forceinline__ int half_shift(float top) {
+    if (!(top > 0.0f) || !isfinite(top)) return 0;
+    int e;
+    frexpf(top, &e);
+    return 15 - e;
+}
+
+// the largest of the block's threads' ``top`` (none NaN) and whether any set ``bad``, to every
+// thread; one call a kernel
+__device__ __forceinline__ float block_top(float top, int& bad) {
+    __shared__ float tops[32];
+    __shared__ int bads[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) top = fmaxf(top, __shfl_xor_sync(FULL_MASK, top, off));
+    bad = __any_sync(FULL_MASK, bad);
+    if (lane == 0) {
+        tops[warp] = top;
+        bads[warp] = bad;
+    }
+    __syncthreads();
+    top = 0.0f;
+    bad = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) {
+        top = fmaxf(top, tops[w]);
+        bad |= bads[w];
+    }
+    return top;
+}
+
+// eight float values as float16, in one 16-byte store
+__device__ __forceinline__ void store_f16x8(u16* y, const float (&v)[8]) {
+    uint4 o;
+    o.x = (u32)f32_to_f16(v[0]) | ((u32)f32_to_f16(v[1]) << 16);
+    o.y = (u32)f32_to_f16(v[2]) | ((u32)f32_to_f16(v[3]) << 16);
+    o.z = (u32)f32_to_f16(v[4]) | ((u32)f32_to_f16(v[5]) << 16);
+    o.w = (u32)f32_to_f16(v[6]) | ((u32)f32_to_f16(v[7]) << 16);
+    *reinterpret_cast<uint4*>(y) = o;
+}
+
+// x (T, K) as float16: row t (block t) is fl(q d) 2^shift[t], its bound 128 max|d|; flags[t]
+// as q8_to_f32's (such a row's tiles are gemm_mma's). Eight values a thread at a time.
+__global__ void __launch_bounds__(256)
+q8_to_f16(u16* y, int* shift, int* flags, const i8* q, const float* d, int K) {
+    pdl_begin();
+    const int t = blockIdx.x, blocks = K >> 5;
+    const float* dt = d + (i64)t * blocks;
+    float top = 0.0f;
+    int bad = 0;
+    for (int b = threadIdx.x; b < blocks; b += blockDim.x) {
+        const float a = fabsf(dt[b]);
+        bad |= !(a <= 0x1p40f);
+        top = fmaxf(top, a);
+    }
+    top = block_top(top, bad);
+    const int s = bad ? 0 : half_shift(__fmul_rn(top, 128.0f));
+    if (threadIdx.x == 0) {
+        shift[t] = s;
+        flags[t] = bad;
+    }
+    const i8* qt = q + (i64)t * K;
+    for (int e = threadIdx.x * 8; e < K; e += blockDim.x * 8) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(qt + e);
+        const float de = dt[e >> 5];
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const i8 qj = (i8)(((j < 4 ? raw.x : raw.y) >> (8 * (j & 3))) & 0xffu);
+            v[j] = scalbnf(__fmul_rn((float)qj, de), s);
+        }
+        store_f16x8(y + (i64)t * K + e, v);
+    }
+}
+
+// dequantize(W) (rows, K) as float16: row r (block r) times 2^shift[r], its bound the largest
+// 128 |a| + |m| of its sub-blocks; a row with a scale not finite keeps shift 0 (its values
+// overflow float16 past 65,504, where a float32 GEMM would keep them). Eight elements a thread
+// at a time, each dequant_element's bits before the shift.
+template <int QT>
+__global__ void __launch_bounds__(128)
+dequant_rows_half(u16* y, int* shift, const u8* w, int K, i64 row_bytes) {
+    pdl_begin();
+    const u8* row = w + (i64)blockIdx.x * row_bytes;
+    float top = 0.0f;
+    int bad = 0;
+    for (int s = threadIdx.x; s < K / Layout<QT>::L; s += blockDim.x) {
+        int q[8];  // (unused: only the scales are read)
+        float a, m;
+        load_sub<QT>(row, s, q, a, m);
+        const float b = __fadd_rn(__fmul_rn(fabsf(a), 128.0f), fabsf(m));
+        bad |= !isfinite(b);
+        top = fmaxf(top, b);
+    }
+    top = block_top(top, bad);
+    const int s = bad ? 0 : half_shift(top);
+    if (threadIdx.x == 0) shift[blockIdx.x] = s;
+    for (int e = threadIdx.x * 8; e < K; e += blockDim.x * 8) {
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = scalbnf(dequant_element<QT>(row, e + j), s);
+        store_f16x8(y + (i64)blockIdx.x * K + e, v);
+    }
+}
+
+// y (T, N) from a GEMM of q8_to_f16's and dequant_rows_half's rows: each float32 sum times
+// 2^-(sx[t] + sw[n]), then fl(y + b[n]) with a bias, fl(r + y) with a residual. Grid
+// (N / blockDim.x, T)
+__global__ void unscale_f32(float* y, const int* sx, const int* sw, const float* b,
+                            const float* r, int width) {
+    pdl_begin();
+    const int t = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= width) return;
+    const i64 i = (i64)t * width + c;
+    float v = scalbnf(y[i], -(sx[t] + sw[c]));
+    if (b != nullptr) v = __fadd_rn(v, b[c]);
+    if (r != nullptr) v = __fadd_rn(r[i], v);
+    y[i] = v;
+}
+
+// glu_f32 after two such GEMMs, gate's sums in g and up's in u: each unscaled (by sg or su),
+// written back where ``keep`` (the graph's values), then y = fl(act(g) u) and its QUANTIZE when
+// q is given (width a multiple of 32). Grid (N / blockDim.x, T)
+template <int ACT>
+__global__ void glu_unscale_f32(float* y, i8* q, float* qd, float* qs, float* g, float* u,
+                                const int* sx, const int* sg, const int* su, int width,
+                                int keep) {
+    pdl_begin();
+    const int t = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= width) return;  // (a whole warp, where q is given)
+    const i64 i = (i64)t * width + c;
+    const float gv = scalbnf(g[i], -(sx[t] + sg[c])), uv = scalbnf(u[i], -(sx[t] + su[c]));
+    if (keep) {
+        g[i] = gv;
+        u[i] = uv;
+    }
+    const float v = __fmul_rn(ACT ? p_gelu(gv) : p_silu(gv), uv);
+    y[i] = v;
+    if (q != nullptr) quantize_block(v, q + (i & ~(i64)31), qd + (i >> 5), qs + (i >> 5));
+}
+
 // ---- ARGMAX ----------------------------------------------------------------------------------------
 
 // grid (slices, rows): block (s, r) takes ARGMAX_SLICE elements of row r, all its loads issued at
