@@ -637,12 +637,12 @@ def test_fast_float16_rows_of_a_weight_are_its_values_scaled_and_rounded(dtype) 
     from parity.quant.synthetic import random_weight
 
     qtype = DType[dtype]
-    rows, k = 6, 512
+    rows, k = 6, 2304  # (three blocks a row, the last one a quarter full)
     raw = random_weight(qtype, (rows, k), np.random.default_rng(7), edge=True)
     w = torch.from_numpy(raw.reshape(-1).view(np.uint8).copy())
     y = torch.full((rows, k), float("nan"), dtype=torch.float16)
     shift = torch.full((rows,), -999, dtype=torch.int32)
-    _launch_rows_kernel(f"dequant_rows_half<{qtype.value}>", (rows, 1, 1), (128, 1, 1),
+    _launch_rows_kernel(f"dequant_rows_half<{qtype.value}>", (-(-k // 1024), rows, 1), (128, 1, 1),
                         [pointer(y), pointer(shift), pointer(w), k,
                          ctypes.c_longlong(qtype.nbytes(k))])  # fmt: skip
     deq = dequantize(qtype, raw, (rows, k))

@@ -1065,7 +1065,7 @@ class Lowering:
 
         def product(y: Any, weight: int, shifts: Any) -> None:
             w = self.graph.nodes[weight]
-            self._launch("rows.cu", f"dequant_rows_half<{w.dtype.value}>", (n, 1, 1),
+            self._launch("rows.cu", f"dequant_rows_half<{w.dtype.value}>", (-(-k // 1024), n, 1),
                          (128, 1, 1), [pointer(wh), pointer(shifts), self._ptr(weight), k,
                                        ctypes.c_longlong(w.dtype.nbytes(k))])  # fmt: skip
             self.out.launches.append((self.matmul, (y, xh, wh)))

@@ -337,15 +337,16 @@ q8_to_f16(u16* y, int* shift, int* flags, const i8* q, const float* d, int K) {
     }
 }
 
-// dequantize(W) (rows, K) as float16: row r (block r) times 2^shift[r], its bound the largest
-// 128 |a| + |m| of its sub-blocks; a row with a scale not finite keeps shift 0 (its values
-// overflow float16 past 65,504, where a float32 GEMM would keep them). Eight elements a thread
-// at a time, each dequant_element's bits before the shift.
+// dequantize(W) (rows, K) as float16: row r (blocks (*, r)) times 2^shift[r], its bound the
+// largest 128 |a| + |m| of its sub-blocks (each block reads the row's scales, block 0 writes
+// the shift); a row with a scale not finite keeps shift 0 (its values overflow float16 past
+// 65,504, where a float32 GEMM would keep them). Eight elements a thread, each
+// dequant_element's bits before the shift.
 template <int QT>
 __global__ void __launch_bounds__(128)
 dequant_rows_half(u16* y, int* shift, const u8* w, int K, i64 row_bytes) {
     pdl_begin();
-    const u8* row = w + (i64)blockIdx.x * row_bytes;
+    const u8* row = w + (i64)blockIdx.y * row_bytes;
     float top = 0.0f;
     int bad = 0;
     for (int s = threadIdx.x; s < K / Layout<QT>::L; s += blockDim.x) {
@@ -358,12 +359,13 @@ dequant_rows_half(u16* y, int* shift, const u8* w, int K, i64 row_bytes) {
     }
     top = block_top(top, bad);
     const int s = bad ? 0 : half_shift(top);
-    if (threadIdx.x == 0) shift[blockIdx.x] = s;
-    for (int e = threadIdx.x * 8; e < K; e += blockDim.x * 8) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) shift[blockIdx.y] = s;
+    const int step = gridDim.x * blockDim.x * 8;
+    for (int e = (blockIdx.x * blockDim.x + threadIdx.x) * 8; e < K; e += step) {
         float v[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) v[j] = scalbnf(dequant_element<QT>(row, e + j), s);
-        store_f16x8(y + (i64)blockIdx.x * K + e, v);
+        store_f16x8(y + (i64)blockIdx.y * K + e, v);
     }
 }
 
