@@ -610,7 +610,7 @@ class TritonBackend(GpuBackend):
         sub = max(16, min(most, tile // d))  # slots taken at a time
         parts = 256 // sub if t <= ATTENTION_SPLIT_TOKENS else 1  # programs a chunk
         per = 256 // sub // parts  # sub-tiles a program
-        n_parts = self.triton.cdiv(arg.reach or n_ctx, 256) * parts  # (positions below reach)
+        n_parts = self.triton.cdiv(n_ctx, 256) * parts
         mx, dens = (self.alloc(DType.F32, (t, arg.n_head, n_parts)) for _ in range(2))
         nums = self.alloc(DType.F32, (t, arg.n_head, n_parts, d))
         q, k, v, positions = src
