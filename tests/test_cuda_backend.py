@@ -169,26 +169,3 @@ def test_fast_products_on_the_tensor_cores_keep_their_tiers_and_capture(half, mo
     assert all(r.tobytes() == runs[0].tobytes() for r in runs)
     assert torch.get_float32_matmul_precision() == before
     assert torch.backends.cuda.matmul.allow_tf32 == (before != "highest")  # (not mixed: no raise)
-
-
-def test_a_session_decodes_across_the_shallow_reach_as_the_oracle_does(model):
-    """Greedy decoding from position 500 to 524 on the GPU (captured decode graphs: the
-    shallow one, whose flash decoding is sized to SHALLOW_REACH, then the deep one from
-    512), then a sampled step: the tokens and the logits the cpu oracle's session gives."""
-    from parity.arch.decoder import DecoderGraphs
-    from parity.generation.session import SHALLOW_REACH, Session
-
-    _, spec, weights = model
-    prompt = [int(t) for t in np.random.default_rng(2).integers(0, spec.n_vocab, 500)]
-
-    def decode(backend) -> tuple[list[int], np.ndarray]:
-        session = Session(Runtime([backend], weights), DecoderGraphs(spec), 1024)
-        tokens = [session.prefill(prompt, greedy=True)]
-        for _ in range(24):
-            tokens.append(session.step(tokens[-1], greedy=True))
-        assert session.decode_graph(True, 500) != session.decode_graph(True, 520)
-        return tokens, session.step(tokens[-1], greedy=False).copy()
-
-    assert 500 < SHALLOW_REACH < 524
-    got, want = decode(cuda()), decode(cpu())
-    assert got[0] == want[0] and got[1].tobytes() == want[1].tobytes()

@@ -33,10 +33,6 @@ from parity.core.runtime import Runtime, Step
 from parity.errors import ContextLengthError, InputError
 
 DEFAULT_BATCH = 512  # prefill tokens per graph
-# decode steps at positions below this run a graph of their own that promises so
-# (GraphParams.reach): a backend sizes its attention launches to it (the cuda backend's flash
-# decoding: 2 chunks of 256 positions, one launch, where n_ctx's would take more and two)
-SHALLOW_REACH = 512
 INT32 = (-(2**31), 2**31 - 1)
 
 
@@ -83,15 +79,10 @@ class Session:
         self._ids_held = np.zeros(n_ctx, np.int32)  # what the cache holds, position by position
         self.n_tokens = 0  # positions the cache holds
         self.reused = 0  # prompt tokens the last prefill took from the cache
-        # the decode graphs by (greedy, reach): shallow ones (positions below SHALLOW_REACH)
-        # and deep ones (0: any position)
-        reaches = (SHALLOW_REACH, 0) if n_ctx > SHALLOW_REACH else (0,)
-        self.decode_graphs = {
-            (g, r): graphs(self._graph_params(1, 1, g, r)) for g in (False, True) for r in reaches
-        }
-        self._decode = {m: runtime.step(graph, pin=True) for m, graph in self.decode_graphs.items()}
-        self._next_position = dict.fromkeys(self._decode, -1)  # what each keeps on the device
-        self._fed_from: dict[tuple[bool, int], Step | None] = dict.fromkeys(self._decode)
+        self.decode_graphs = {g: graphs(self._graph_params(1, 1, g)) for g in (False, True)}
+        self._decode = {g: runtime.step(graph, pin=True) for g, graph in self.decode_graphs.items()}
+        self._next_position = {False: -1, True: -1}  # what each decode step keeps on the device
+        self._fed_from: dict[bool, Step | None] = {False: None, True: None}
         self._last_step: Step | None = None  # the greedy step whose ARGMAX is on the device
         self._last_token = -1  # and that ARGMAX, as read back
         self.look_ahead = look_ahead
@@ -144,20 +135,9 @@ class Session:
             raise InputError(f"token ids must be a flat sequence of ints in 0..{self.n_vocab - 1}")
         return ids.astype(np.int32)
 
-    def _graph_params(self, n: int, n_out: int, greedy: bool, reach: int = 0) -> GraphParams:
+    def _graph_params(self, n: int, n_out: int, greedy: bool) -> GraphParams:
         output = "argmax" if greedy else "logits"
-        return GraphParams(
-            n_tokens=n, n_ctx=self.n_ctx, n_out=n_out, output=output, slot=self.slot, reach=reach
-        )
-
-    def _mode(self, greedy: bool, position: int) -> tuple[bool, int]:
-        """The decode graph for a step at ``position``: (greedy, reach)."""
-        shallow = position < SHALLOW_REACH < self.n_ctx
-        return greedy, SHALLOW_REACH if shallow else 0
-
-    def decode_graph(self, greedy: bool, position: int):
-        """The graph a decode step at ``position`` runs."""
-        return self.decode_graphs[self._mode(greedy, position)]
+        return GraphParams(n_tokens=n, n_ctx=self.n_ctx, n_out=n_out, output=output, slot=self.slot)
 
     def _run(self, tokens: np.ndarray, start: int, n_out: int, greedy: bool) -> Step:
         step = self.runtime.step(self.graphs(self._graph_params(len(tokens), n_out, greedy)))
@@ -217,11 +197,10 @@ class Session:
             self._ahead = None  # started when ``token`` was read back
         else:
             self._settle()
-            mode = self._mode(greedy, pos)
-            step = self._decode[mode]
+            step = self._decode[greedy]
             if step.released:  # the runtime cleared its states: its steps are new ones now
-                step = self._renew(mode)
-            self._start(step, token, mode)
+                step = self._renew(greedy)
+            self._start(step, token, greedy)
         step.finish()
         self._append(token)
         out = step.outputs[step.graph.outputs[0]]
@@ -232,49 +211,47 @@ class Session:
         self._start_ahead(self._last_token)
         return self._last_token
 
-    def _start(self, step: Step, token: int, mode: tuple[bool, int]) -> None:
-        """Feed a decode step (of ``mode``: ``_mode``'s) ``token`` at the next position and
-        start it."""
+    def _start(self, step: Step, token: int, greedy: bool) -> None:
+        """Feed a decode step ``token`` at the next position and start it."""
         pos = self.n_tokens
         source = self._last_step
-        if mode[0] and source is not None and self._last_token == token:
-            if self._fed_from[mode] is not source:
+        if greedy and source is not None and self._last_token == token:
+            if self._fed_from[greedy] is not source:
                 step.feed("tokens", source)
-                self._fed_from[mode] = source
+                self._fed_from[greedy] = source
         else:
-            if self._fed_from[mode] is not None:
+            if self._fed_from[greedy] is not None:
                 step.feed_host("tokens")
-                self._fed_from[mode] = None
+                self._fed_from[greedy] = None
             if not INT32[0] <= token <= INT32[1]:  # (the runtime checks the vocabulary)
                 raise InputError(f"token id {token} is outside the vocabulary of {self.n_vocab}")
             step.inputs["tokens"][0] = token
-        if self._next_position[mode] != pos:  # the device holds another position: set it
+        if self._next_position[greedy] != pos:  # the device holds another position: set it
             step.inputs["positions"][0] = pos
             step.keep("positions", advance=1)
         step.start()
-        self._next_position[mode] = pos + 1
+        self._next_position[greedy] = pos + 1
 
     def _start_ahead(self, token: int) -> None:
         """Start the greedy decode step that ``token`` (just read back from the device) feeds,
         where the backends queue and the context has room."""
-        mode = self._mode(True, self.n_tokens)
-        step = self._decode[mode]
+        step = self._decode[True]
         if not self.look_ahead or self.n_tokens >= self.n_ctx or step.released:
             return
         if not step.queues:
             return
-        self._start(step, token, mode)
+        self._start(step, token, True)
         self._ahead, self._ahead_position, self._ahead_token = step, self.n_tokens, token
 
-    def _renew(self, mode: tuple[bool, int]) -> Step:
+    def _renew(self, greedy: bool) -> Step:
         self._settle()
         self._decode = {
-            m: self.runtime.step(graph, pin=True) for m, graph in self.decode_graphs.items()
+            g: self.runtime.step(graph, pin=True) for g, graph in self.decode_graphs.items()
         }
-        self._next_position = dict.fromkeys(self._decode, -1)
-        self._fed_from = dict.fromkeys(self._decode)
+        self._next_position = {False: -1, True: -1}
+        self._fed_from = {False: None, True: None}
         self._last_step = None
-        return self._decode[mode]
+        return self._decode[greedy]
 
     def logits(self, tokens: Sequence[int], n_out: int | None = None) -> np.ndarray:
         """Evaluate ``tokens`` from position 0 and return the logits of the last ``n_out``

@@ -56,10 +56,8 @@ def bench(
         gen = model.generate(prompt, max_tokens=n, temperature=0.0, ignore_eos=True).complete()
         return gen.stats.prefill_s, gen.stats.step_s
 
-    # the warm-up decodes past the step that captures and the one that verifies the capture,
-    # and through every position the measured run reaches (a session's decode graph changes
-    # at Session's SHALLOW_REACH: the deeper one captured there too)
-    cold_ttft, _ = once(max(CAPTURE_AFTER_RUNS + 3, gen_tokens))
+    # the warm-up decodes past the step that captures and the one that verifies the capture
+    cold_ttft, _ = once(CAPTURE_AFTER_RUNS + 3)
     ttft, steps = once(gen_tokens)
     decode_s = sum(steps)
     return BenchResult(
@@ -74,7 +72,5 @@ def bench(
         step_ms=round(statistics.median(steps[1:]) * 1e3, 3),
         cold_ttft_ms=round(cold_ttft * 1e3, 3),
         load_s=round(load_s, 3),
-        decode_capture=model.runtime.capture_status(
-            model.session.decode_graph(True, prompt_tokens + gen_tokens - 2)
-        ),
+        decode_capture=model.runtime.capture_status(model.session.decode_graphs[True]),
     )

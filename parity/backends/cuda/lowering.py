@@ -168,10 +168,6 @@ TILE_SCORES_BYTES = 32 << 20
 # always take the two launches: the one-launch kernel spills at 256, and the two were faster on
 # the Gemma 3 twin even at depth 100 (docs/perf.md)
 CHUNKS_ONE_LAUNCH = {64: 2, 128: 2, 256: 0}
-# flash decoding sized to a graph's reach (GraphParams.reach: a session's decode steps below
-# its SHALLOW_REACH), not to the cache: 2 chunks and one launch where n_ctx's 17 (4,352) took
-# two, the second with nothing to do. Off: every graph's launches sized to n_ctx (for A/B)
-DECODE_REACH = True
 # ... and the blocks a multiprocessor should hold of each flash-decoding kernel (its
 # __launch_bounds__' second argument; 0: none): none leaves attention_chunks 188 registers at
 # heads of 64, one block a multiprocessor, where a deep cache gives hundreds of blocks (Qwen at
@@ -797,8 +793,7 @@ class Lowering:
         a.oq, a.od, a.os = (pointer(p).value for p in (oq, od, os_))
         a.n_head, a.n_head_kv, a.n_ctx, a.scale = arg.n_head, arg.n_head_kv, n_ctx, arg.scale
         a.window = arg.window
-        reach = arg.reach if DECODE_REACH else 0
-        chunks = -(-(reach or n_ctx) // 256)  # (positions below the reach: its chunks)
+        chunks = -(-n_ctx // 256)
         seen = chunks if not arg.window else min(chunks, -(-(arg.window - 1) // 256) + 1)
         if self.fast and FAST_ATTENTION and t > SPLIT_TOKENS and d == 64:
             a.oq = a.od = a.os = None  # (its QUANTIZE: a launch of its own)
