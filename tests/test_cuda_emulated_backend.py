@@ -600,16 +600,16 @@ def test_fast_float16_rows_of_x_are_its_values_scaled_and_rounded() -> None:
     d[5, 3] = np.inf
     d[6, 4] = 2.0**40
     y = torch.full((t, k), float("nan"), dtype=torch.float16)
-    shift = torch.full((t,), -999, dtype=torch.int32)
+    tops = torch.full((t,), -1.0)
     flags = torch.full((t,), -1, dtype=torch.int32)
     _launch_rows_kernel("q8_to_f16", (t, 1, 1), (256, 1, 1),
-                        [pointer(y), pointer(shift), pointer(flags), pointer(torch.from_numpy(q)),
+                        [pointer(y), pointer(tops), pointer(flags), pointer(torch.from_numpy(q)),
                          pointer(torch.from_numpy(d)), k])  # fmt: skip
     bad = ~(np.abs(d) <= 2.0**40).all(axis=1)
     top = np.float32(128) * np.abs(np.where(np.isfinite(d), d, 0)).max(axis=1)
+    assert tops.tolist() == np.where(bad, np.inf, top).tolist()
     want_shift = np.where(bad | (top == 0), 0, 15 - np.frexp(top)[1])
     assert flags.tolist() == bad.astype(int).tolist()
-    assert shift.tolist() == want_shift.tolist()
     values = q.astype(np.float32) * np.repeat(d, 32, axis=1)
     want = np.ldexp(values, want_shift[:, None].astype(np.int32))
     with np.errstate(over="ignore"):
@@ -625,7 +625,9 @@ def test_fast_float16_rows_of_x_are_its_values_scaled_and_rounded() -> None:
 def test_fast_float16_rows_of_a_weight_are_its_values_scaled_and_rounded(dtype) -> None:
     """dequant_rows_half: each row of dequantize(W) (the oracle's values, edge scales
     included) times 2^s and rounded to nearest even as numpy does, every magnitude below
-    2^15 and the shift no more than 2^8 short of the largest it could be."""
+    2^15 and the shift no more than 2^8 short of the largest it could be. The rows' bounds
+    are kept: a second launch gives the same bits, and a launch reads a kept bound, not the
+    row's scales."""
     import ctypes
 
     import numpy as np
@@ -640,18 +642,28 @@ def test_fast_float16_rows_of_a_weight_are_its_values_scaled_and_rounded(dtype) 
     rows, k = 6, 2304  # (three blocks a row, the last one a quarter full)
     raw = random_weight(qtype, (rows, k), np.random.default_rng(7), edge=True)
     w = torch.from_numpy(raw.reshape(-1).view(np.uint8).copy())
-    y = torch.full((rows, k), float("nan"), dtype=torch.float16)
-    shift = torch.full((rows,), -999, dtype=torch.int32)
-    _launch_rows_kernel(f"dequant_rows_half<{qtype.value}>", (-(-k // 1024), rows, 1), (128, 1, 1),
-                        [pointer(y), pointer(shift), pointer(w), k,
-                         ctypes.c_longlong(qtype.nbytes(k))])  # fmt: skip
+    tops = torch.zeros(rows)  # (none found yet)
+
+    def launch() -> torch.Tensor:
+        y = torch.full((rows, k), float("nan"), dtype=torch.float16)
+        _launch_rows_kernel(f"dequant_rows_half<{qtype.value}>", (-(-k // 1024), rows, 1),
+                            (128, 1, 1), [pointer(y), pointer(tops), pointer(w), k,
+                                          ctypes.c_longlong(qtype.nbytes(k))])  # fmt: skip
+        return y
+
+    y = launch()
     deq = dequantize(qtype, raw, (rows, k))
-    s = shift.numpy()
+    top = tops.numpy().copy()
+    assert (top > 0).all() and np.isfinite(top).all(), top
+    s = 15 - np.frexp(top)[1]
     got, exp = _as_half_bits(y, np.ldexp(deq, s[:, None]).astype(np.float16))
     assert got == exp
-    top = np.abs(deq).max(axis=1)
-    assert (np.ldexp(top, s) < 2.0**15).all(), (top, s)
-    assert (np.ldexp(top, s) >= 2.0**7).all(), (top, s)
+    largest = np.abs(deq).max(axis=1)
+    assert (largest <= top).all() and (np.ldexp(largest, s) >= 2.0**7).all(), (largest, top)
+    assert launch().numpy().tobytes() == y.numpy().tobytes()  # (the kept bounds)
+    tops[0] = float(top[0]) * 4  # (a kept bound is what the next launch reads: 2 shifts less)
+    got, exp = _as_half_bits(launch()[0], np.ldexp(deq[0], s[0] - 2).astype(np.float16))
+    assert got == exp
 
 
 @pytest.mark.parametrize("dtype", ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"])

@@ -394,6 +394,7 @@ class Lowering:
         self.fast = fast  # numerics = "fast": the fast kernels where a switch turns them on
         self.matmul = matmul  # out = a b^T (+ add) on the tensor cores (FAST_GEMM); None: none
         self._fast_x = -1  # the Q8A x whose floats the FAST_GEMM scratch holds last
+        self._weight_tops: dict[int, Any] = {}  # FAST_GEMM_HALF: each weight's rows' bounds
         self.out: Lowered = Lowered([], [], set(), [])
         self.done: set[int] = set()
         self._shared: dict[str, tuple[int, Any]] = {}  # name: (elements, buffer)
@@ -1046,35 +1047,40 @@ class Lowering:
         self, out, x_id, q, d, weights, bias, res, shape, q8, epi, glu
     ) -> tuple[Any, bool]:
         """``_float_product`` with float16 operands (FAST_GEMM_HALF): x's rows and each
-        weight's as float16 times a power of two a row (their shifts), the runtime's GEMM
+        weight's as float16 times a power of two a row (from a bound a row: x's found every
+        launch, a weight's by its first and kept in scratch of its own), the runtime's GEMM
         summing in float32, then unscale_f32 (the bias or residual added after the shifts are
         undone) or, for gate and up, glu_unscale_f32 (the GLU and its QUANTIZE)."""
         t, n = shape
         k = self.graph.nodes[weights[0]].shape[1]
         xh = self._shared_scratch("fast_xh", DType.F16, t * k)[: t * k].view(t, k)
-        sx = self._shared_scratch("fast_sx", DType.I32, t)
+        xtops = self._shared_scratch("fast_xtops", DType.F32, t)
         flags = self._shared_scratch("fast_flags", DType.I32, t)
         if self._fast_x != x_id:
             self._launch("rows.cu", "q8_to_f16", (t, 1, 1), (256, 1, 1),
-                         [pointer(xh), pointer(sx), pointer(flags), pointer(q), pointer(d),
+                         [pointer(xh), pointer(xtops), pointer(flags), pointer(q), pointer(d),
                           k])  # fmt: skip
             self._fast_x = x_id
         wh = self._shared_scratch("fast_wh", DType.F16, n * k)[: n * k].view(n, k)
-        sw = self._shared_scratch("fast_sw", DType.I32, 2 * n)  # (gate's, then up's)
         grid = (-(-n // 256), t, 1)
 
-        def product(y: Any, weight: int, shifts: Any) -> None:
+        def product(y: Any, weight: int) -> Any:
             w = self.graph.nodes[weight]
+            tops = self._weight_tops.get(weight)
+            if tops is None:  # the weight's rows' bounds, found by its first launch and kept
+                tops = self._weight_tops[weight] = self.new_scratch(DType.F32, (n,))
+                self.out.scratch.append(tops)
             self._launch("rows.cu", f"dequant_rows_half<{w.dtype.value}>", (-(-k // 1024), n, 1),
-                         (128, 1, 1), [pointer(wh), pointer(shifts), self._ptr(weight), k,
+                         (128, 1, 1), [pointer(wh), pointer(tops), self._ptr(weight), k,
                                        ctypes.c_longlong(w.dtype.nbytes(k))])  # fmt: skip
             self.out.launches.append((self.matmul, (y, xh, wh)))
+            return tops
 
         if len(weights) == 1:
-            product(out, weights[0], sw)
+            wtops = product(out, weights[0])
             extra = [pointer(None) if j is None else self._ptr(j) for j in (bias, res)]
             self._launch("rows.cu", "unscale_f32", grid, (256, 1, 1),
-                         [pointer(out), pointer(sx), pointer(sw), *extra, n])  # fmt: skip
+                         [pointer(out), pointer(xtops), pointer(wtops), *extra, n])  # fmt: skip
             return flags, False
         keep = glu is not None  # the graph keeps the gate's and up's values
         if keep:
@@ -1082,13 +1088,13 @@ class Lowering:
         else:
             g, u = (self._shared_scratch(name, DType.F32, t * n)[: t * n].view(t, n)
                     for name in ("fast_gate", "fast_up"))  # fmt: skip
-        product(g, weights[0], sw[:n])
-        product(u, weights[1], sw[n:])
+        gtops = product(g, weights[0])
+        utops = product(u, weights[1])
         quantize = q8 is not None and n % 32 == 0
         oq, od, os_ = self._q8_parts(q8 if quantize else None)
         self._launch("rows.cu", f"glu_unscale_f32<{int(epi == EPI_GEGLU)}>", grid, (256, 1, 1),
                      [pointer(out), pointer(oq), pointer(od), pointer(os_), pointer(g),
-                      pointer(u), pointer(sx), pointer(sw[:n]), pointer(sw[n:]), n,
+                      pointer(u), pointer(xtops), pointer(gtops), pointer(utops), n,
                       int(keep)])  # fmt: skip
         return flags, quantize
 

@@ -255,14 +255,14 @@ __global__ void q8_to_f32(float* y, int* flags, const i8* q, const float* d, int
 
 // ---- fast products on float16 tensor cores (lowering.FAST_GEMM_HALF) -----------------------
 //
-// x's Q8A values and dequantize(W) as float16 rows, each row times 2^s, its shift (an int),
-// which puts its largest magnitude below 2^15: no value overflows, and float16's normals reach
-// 2^-29 of a row's largest. cuBLAS's GEMM of them sums in float32; unscale_f32 (and
-// glu_unscale_f32 for gate and up) then multiplies each sum by 2^-(sx[t] + sw[n]), exactly
-// (scalbnf: no float32 power of two spans every pair of shifts).
+// x's Q8A values and dequantize(W) as float16 rows, each row times 2^s, s = half_shift(top)
+// for a bound ``top`` on its magnitudes (kept per row: ``tops``), which puts the row below 2^15:
+// no value overflows, and float16's normals reach 2^-29 of a row's largest. cuBLAS's GEMM of
+// them sums in float32; unscale_f32 (and glu_unscale_f32 for gate and up) then multiplies each
+// sum by 2^-(sx + sw), exactly (scalbnf: no float32 power of two spans every pair of shifts).
 
 // The shift putting values of magnitude at most ``top`` below 2^15: 15 - e for top = f 2^e, f
-// in [0.5, 1); 0 for a row of zeros, or one with a scale not finite
+// in [0.5, 1); 0 for a row of zeros, or one with a scale not finite (top inf)
 __device__ __forceinline__ int half_shift(float top) {
     if (!(top > 0.0f) || !isfinite(top)) return 0;
     int e;
@@ -270,9 +270,9 @@ __device__ __forceinline__ int half_shift(float top) {
     return 15 - e;
 }
 
-// the largest of the block's threads' ``top`` (none NaN) and whether any set ``bad``, to every
+// the largest of the block's threads' ``top`` (none NaN), inf where any set ``bad``, to every
 // thread; one call a kernel
-__device__ __forceinline__ float block_top(float top, int& bad) {
+__device__ __forceinline__ float block_top(float top, int bad) {
     __shared__ float tops[32];
     __shared__ int bads[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -290,7 +290,7 @@ __device__ __forceinline__ float block_top(float top, int& bad) {
         top = fmaxf(top, tops[w]);
         bad |= bads[w];
     }
-    return top;
+    return bad ? __int_as_float(0x7f800000) : top;
 }
 
 // eight float values as float16, in one 16-byte store
@@ -303,10 +303,11 @@ __device__ __forceinline__ void store_f16x8(u16* y, const float (&v)[8]) {
     *reinterpret_cast<uint4*>(y) = o;
 }
 
-// x (T, K) as float16: row t (block t) is fl(q d) 2^shift[t], its bound 128 max|d|; flags[t]
-// as q8_to_f32's (such a row's tiles are gemm_mma's). Eight values a thread at a time.
+// x (T, K) as float16: row t (block t) is fl(q d) 2^half_shift(tops[t]), tops[t] = 128 max|d|,
+// or inf where a scale is above 2^40 or not finite: then flags[t] = 1, as q8_to_f32's (such a
+// row's tiles are gemm_mma's). Eight values a thread at a time.
 __global__ void __launch_bounds__(256)
-q8_to_f16(u16* y, int* shift, int* flags, const i8* q, const float* d, int K) {
+q8_to_f16(u16* y, float* tops, int* flags, const i8* q, const float* d, int K) {
     pdl_begin();
     const int t = blockIdx.x, blocks = K >> 5;
     const float* dt = d + (i64)t * blocks;
@@ -317,11 +318,11 @@ q8_to_f16(u16* y, int* shift, int* flags, const i8* q, const float* d, int K) {
         bad |= !(a <= 0x1p40f);
         top = fmaxf(top, a);
     }
-    top = block_top(top, bad);
-    const int s = bad ? 0 : half_shift(__fmul_rn(top, 128.0f));
+    top = __fmul_rn(block_top(top, bad), 128.0f);
+    const int s = half_shift(top);
     if (threadIdx.x == 0) {
-        shift[t] = s;
-        flags[t] = bad;
+        tops[t] = top;
+        flags[t] = !isfinite(top);
     }
     const i8* qt = q + (i64)t * K;
     for (int e = threadIdx.x * 8; e < K; e += blockDim.x * 8) {
@@ -337,29 +338,35 @@ q8_to_f16(u16* y, int* shift, int* flags, const i8* q, const float* d, int K) {
     }
 }
 
-// dequantize(W) (rows, K) as float16: row r (blocks (*, r)) times 2^shift[r], its bound the
-// largest 128 |a| + |m| of its sub-blocks (each block reads the row's scales, block 0 writes
-// the shift); a row with a scale not finite keeps shift 0 (its values overflow float16 past
-// 65,504, where a float32 GEMM would keep them). Eight elements a thread, each
-// dequant_element's bits before the shift.
+// dequantize(W) (rows, K) as float16: row r (blocks (*, r)) times 2^half_shift(tops[r]),
+// tops[r] the largest 128 |a| + |m| of its sub-blocks, or inf where one is not finite (shift 0:
+// such values overflow float16 past 65,504, where a float32 GEMM would keep them). A weight's
+// rows do not change: ``tops`` (zeros at first, the weight's own) keeps each row's bound once
+// a launch has found it, so later launches read one float a row, not the row's scales. Eight
+// elements a thread, each dequant_element's bits before the shift.
 template <int QT>
 __global__ void __launch_bounds__(128)
-dequant_rows_half(u16* y, int* shift, const u8* w, int K, i64 row_bytes) {
+dequant_rows_half(u16* y, float* tops, const u8* w, int K, i64 row_bytes) {
     pdl_begin();
+    __shared__ float known;
     const u8* row = w + (i64)blockIdx.y * row_bytes;
-    float top = 0.0f;
-    int bad = 0;
-    for (int s = threadIdx.x; s < K / Layout<QT>::L; s += blockDim.x) {
-        int q[8];  // (unused: only the scales are read)
-        float a, m;
-        load_sub<QT>(row, s, q, a, m);
-        const float b = __fadd_rn(__fmul_rn(fabsf(a), 128.0f), fabsf(m));
-        bad |= !isfinite(b);
-        top = fmaxf(top, b);
+    if (threadIdx.x == 0) known = tops[blockIdx.y];  // (once for the block: another block of
+    __syncthreads();                                  // the row may write it meanwhile)
+    float top = known;
+    if (top == 0.0f) {  // not found yet (or a row of zeros, found again)
+        int bad = 0;
+        for (int s = threadIdx.x; s < K / Layout<QT>::L; s += blockDim.x) {
+            int q[8];  // (unused: only the scales are read)
+            float a, m;
+            load_sub<QT>(row, s, q, a, m);
+            const float b = __fadd_rn(__fmul_rn(fabsf(a), 128.0f), fabsf(m));
+            bad |= !isfinite(b);
+            top = fmaxf(top, b);
+        }
+        top = block_top(top, bad);
+        if (threadIdx.x == 0) tops[blockIdx.y] = top;  // (every block of the row: the same)
     }
-    top = block_top(top, bad);
-    const int s = bad ? 0 : half_shift(top);
-    if (blockIdx.x == 0 && threadIdx.x == 0) shift[blockIdx.y] = s;
+    const int s = half_shift(top);
     const int step = gridDim.x * blockDim.x * 8;
     for (int e = (blockIdx.x * blockDim.x + threadIdx.x) * 8; e < K; e += step) {
         float v[8];
@@ -370,32 +377,34 @@ dequant_rows_half(u16* y, int* shift, const u8* w, int K, i64 row_bytes) {
 }
 
 // y (T, N) from a GEMM of q8_to_f16's and dequant_rows_half's rows: each float32 sum times
-// 2^-(sx[t] + sw[n]), then fl(y + b[n]) with a bias, fl(r + y) with a residual. Grid
-// (N / blockDim.x, T)
-__global__ void unscale_f32(float* y, const int* sx, const int* sw, const float* b,
+// 2^-(sx + sw), the shifts of x's row t and W's row n from their tops, then fl(y + b[n]) with
+// a bias, fl(r + y) with a residual. Grid (N / blockDim.x, T)
+__global__ void unscale_f32(float* y, const float* xtops, const float* wtops, const float* b,
                             const float* r, int width) {
     pdl_begin();
     const int t = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= width) return;
     const i64 i = (i64)t * width + c;
-    float v = scalbnf(y[i], -(sx[t] + sw[c]));
+    float v = scalbnf(y[i], -(half_shift(xtops[t]) + half_shift(wtops[c])));
     if (b != nullptr) v = __fadd_rn(v, b[c]);
     if (r != nullptr) v = __fadd_rn(r[i], v);
     y[i] = v;
 }
 
-// glu_f32 after two such GEMMs, gate's sums in g and up's in u: each unscaled (by sg or su),
-// written back where ``keep`` (the graph's values), then y = fl(act(g) u) and its QUANTIZE when
-// q is given (width a multiple of 32). Grid (N / blockDim.x, T)
+// glu_f32 after two such GEMMs, gate's sums in g and up's in u: each unscaled (W's tops: gtops,
+// utops), written back where ``keep`` (the graph's values), then y = fl(act(g) u) and its
+// QUANTIZE when q is given (width a multiple of 32). Grid (N / blockDim.x, T)
 template <int ACT>
 __global__ void glu_unscale_f32(float* y, i8* q, float* qd, float* qs, float* g, float* u,
-                                const int* sx, const int* sg, const int* su, int width,
-                                int keep) {
+                                const float* xtops, const float* gtops, const float* utops,
+                                int width, int keep) {
     pdl_begin();
     const int t = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= width) return;  // (a whole warp, where q is given)
     const i64 i = (i64)t * width + c;
-    const float gv = scalbnf(g[i], -(sx[t] + sg[c])), uv = scalbnf(u[i], -(sx[t] + su[c]));
+    const int sx = half_shift(xtops[t]);
+    const float gv = scalbnf(g[i], -(sx + half_shift(gtops[c])));
+    const float uv = scalbnf(u[i], -(sx + half_shift(utops[c])));
     if (keep) {
         g[i] = gv;
         u[i] = uv;
