@@ -262,10 +262,14 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
   # block since the twelfth: conformance_cuda; one group, the kernel's other form, here)
   run conformance_fast_attention1 python3 benchmarks/with_lowering.py FAST_ATTENTION_GROUPS=1 \
     -- -m parity conformance cuda --numerics fast -k attention &
-  run conformance_fast_gemm python3 benchmarks/with_lowering.py FAST_GEMM=1 FAST_GEMM_MIN_ELEMENTS=0 -- -m parity \
-    conformance cuda --numerics fast &  # (twelfth: fast products on the TF32 tensor cores)
+  # (twelfth session: fast products on the TF32 tensor cores; thirteenth: on float16 operands,
+  # shipped for weights of 1M elements or more: here both forms on every product)
+  run conformance_fast_gemm python3 benchmarks/with_lowering.py FAST_GEMM=1 FAST_GEMM_HALF=0 \
+    FAST_GEMM_MIN_ELEMENTS=0 -- -m parity conformance cuda --numerics fast &
+  run conformance_fast_gemm_half python3 benchmarks/with_lowering.py FAST_GEMM=1 \
+    FAST_GEMM_MIN_ELEMENTS=0 FAST_GEMM_HALF=1 -- -m parity conformance cuda --numerics fast &
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
-         conformance_fast_attention1 conformance_fast_gemm)
+         conformance_fast_attention1 conformance_fast_gemm conformance_fast_gemm_half)
   # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
   if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
     files+=(conformance_triton)

@@ -320,18 +320,24 @@ def _lower(spec, params, views=lambda graph: frozenset(), **options):
 
 
 def _float_gemm(out, a, b, add=None) -> None:
-    """The runtime's TF32 GEMM (FAST_GEMM), counted by identity."""
+    """The runtime's float GEMM (FAST_GEMM), counted by identity."""
 
 
 @pytest.mark.parametrize("name, per_layer", [("smollm2-135m", 0), ("qwen2.5-coder-0.5b", 3)])
 @pytest.mark.parametrize("fast", [False, True])
-def test_fast_products_take_the_tensor_cores_by_the_weight_size(name, per_layer, fast):
+@pytest.mark.parametrize("half", [False, True])
+def test_fast_products_take_the_tensor_cores_by_the_weight_size(
+    name, per_layer, fast, half, monkeypatch
+):
     """FAST_GEMM under numerics = "fast", a 300-token prefill of a real model: the products of
-    FAST_GEMM_MIN_ELEMENTS or more (Qwen's gate, up and down) on the float GEMM, each after its
-    weight's dequant_rows and followed by gemm_mma for the flagged tiles; the smaller ones
-    (Qwen's q/k/v and o, all of SmolLM2's) and every product under exact on gemm_mma alone."""
+    FAST_GEMM_MIN_ELEMENTS or more (Qwen's gate, up and down) on the float GEMM (TF32 or,
+    with FAST_GEMM_HALF, float16 operands), each after its weight's dequantizing and followed
+    by gemm_mma for the flagged tiles; the smaller ones (Qwen's q/k/v and o, all of SmolLM2's)
+    and every product under exact on gemm_mma alone."""
     from parity.arch.params import GraphParams
+    from parity.backends.cuda import lowering as lowering_module
 
+    monkeypatch.setattr(lowering_module, "FAST_GEMM_HALF", half)
     params = GraphParams(n_tokens=300, n_ctx=2048, output="logits")
     spec, _, lowering, lowered, nodes = _lower(_twin_spec(name), params, fast=fast,
                                                    matmul=_float_gemm)  # fmt: skip
@@ -341,7 +347,10 @@ def test_fast_products_take_the_tensor_cores_by_the_weight_size(name, per_layer,
     expected = per_layer * spec.n_layer if fast else 0
     assert gemms == expected
     assert sum(n.startswith("dequant_rows") for n in names) == expected
-    assert names.count("q8_to_f32") == (2 * spec.n_layer if expected else 0)  # gate/up, down
+    x_floats = "q8_to_f16" if half else "q8_to_f32"  # (gate/up's x, then down's)
+    assert names.count(x_floats) == (2 * spec.n_layer if expected else 0)
+    if expected:
+        assert sum(n.startswith("dequant_rows_half") for n in names) == (expected if half else 0)
     assert sum(n.startswith("gemm_mma") for n in names) == 4 * spec.n_layer  # (as exact)
 
 

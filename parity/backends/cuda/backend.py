@@ -50,8 +50,9 @@ class CudaBackend(GpuBackend):
     manifest: ClassVar[Mapping[str, str]] = {op.name: "exact" for op in sorted(OPS, key=str)}
     # under numerics = "fast", a prefill's attention may be flash attention on the tensor cores
     # (lowering.FAST_ATTENTION; TF32 products of split operands, as triton's fast tier), and
-    # its products of quantized weights plain TF32 GEMMs (lowering.FAST_GEMM: inputs rounded
-    # to 10 bits of mantissa, so the contract's budget, not the split products' 1e-8)
+    # its products of quantized weights plain float16 (or TF32) GEMMs (lowering.FAST_GEMM:
+    # inputs rounded to 10 bits of mantissa, so the contract's budget, not the split
+    # products' 1e-8)
     fast_manifest: ClassVar[Mapping[str, str]] = {
         **manifest,
         "ATTENTION": "nmse<=1e-8",

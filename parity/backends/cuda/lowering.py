@@ -206,16 +206,20 @@ FAST_ATTENTION_GROUPS = 2
 FAST_GEMM = True
 FAST_GEMM_ELEMENTS = 1 << 25  # ... for weights of up to this many (its scratch: 128 MiB; a head
 # of every position's logits, 151,936 x 896 for Qwen, keeps the integer GEMM)
-FAST_GEMM_MIN_ELEMENTS = 1 << 21  # ... and at least this many (H100, twelfth session: on every
-# product, Qwen's 512-token prefill +36 %, Gemma 3's +3 %, SmolLM2's -14 %: its products of
-# 576 x 1,536 are too small for the GEMM to pay for the dequantizing; Qwen's gate, up and down,
-# 4,864 x 896, are not)
-# ... with float16 operands instead (rows.cu's q8_to_f16, dequant_rows_half: each row times a
-# power of two that keeps it in float16's range, undone exactly on the float32 sums by
-# unscale_f32 or glu_unscale_f32): half the bytes written and read, twice the tensor rate, the
-# same 11 bits of mantissa as TF32's inputs (rounded to nearest, where TF32 truncates). Off
-# until a GPU has timed it
-FAST_GEMM_HALF = False
+FAST_GEMM_MIN_ELEMENTS = 1 << 20  # ... and at least this many (H100, twelfth session, TF32: on
+# every product, Qwen's 512-token prefill +36 %, Gemma 3's +3 %, SmolLM2's -14 %: its products
+# of 576 x 1,536 are too small for the GEMM to pay for the dequantizing; thirteenth, float16:
+# Gemma 3's gate, up and down, 2,048 x 640, +8 to +10 % in two calls; Qwen's 4,864 x 896 were
+# on already)
+# ... with float16 operands instead of TF32 (rows.cu's q8_to_f16, dequant_rows_half: each row
+# times a power of two that keeps it in float16's range, undone exactly on the float32 sums by
+# unscale_f32 or glu_unscale_f32): half the bytes, twice the tensor rate, the same 11 bits of
+# mantissa as TF32's inputs (rounded to nearest, where TF32 truncates). H100, thirteenth
+# session: fast conformance on every product 0 FAIL, worst NMSE 3.2e-7; Qwen's 512-token
+# prefill even with TF32 (its GEMMs 1,431 -> 776 us, but dequant_rows_half slower than
+# dequant_rows: 1,324 against 1,030 us), Gemma 3's +8 to +10 % once its FFN takes the path
+# (FAST_GEMM_MIN_ELEMENTS): on
+FAST_GEMM_HALF = True
 HEADS_WIDTH_MAX = 1024  # ... (attention.cu's shared memory: 36 KiB of tiles, 4 KiB of q)
 NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs
 
@@ -960,7 +964,7 @@ class Lowering:
             mma = f"{w.dtype.value}, {epi}{mma_variant(tokens)}"
             more = MmaMoreArg()
             fused = (MMA_QUANTIZE or glu is not None) and q8 is not None and n % 32 == 0
-            if self._tensor_cores(w, t):  # TF32, then gemm_mma for the flagged tiles only
+            if self._tensor_cores(w, t):  # float16 or TF32, then gemm_mma: flagged tiles only
                 flagged, fused = self._float_product(out, x_id, q, d, weights, bias, res, shape,
                                                      q8, epi, glu)  # fmt: skip
                 more.flagged = flagged.data_ptr()
