@@ -325,22 +325,24 @@ def _float_gemm(out, a, b, add=None) -> None:
 
 @pytest.mark.parametrize("name, per_layer", [("smollm2-135m", 0), ("qwen2.5-coder-0.5b", 3)])
 @pytest.mark.parametrize("fast", [False, True])
-@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("half, half_gemm", [(False, True), (True, True), (True, False)])
 def test_fast_products_take_the_tensor_cores_by_the_weight_size(
-    name, per_layer, fast, half, monkeypatch
+    name, per_layer, fast, half, half_gemm, monkeypatch
 ):
     """FAST_GEMM under numerics = "fast", a 300-token prefill of a real model: the products of
     FAST_GEMM_MIN_ELEMENTS or more (Qwen's gate, up and down) on the float GEMM (TF32 or,
-    with FAST_GEMM_HALF, float16 operands), each after its weight's dequantizing and followed
-    by gemm_mma for the flagged tiles; the smaller ones (Qwen's q/k/v and o, all of SmolLM2's)
-    and every product under exact on gemm_mma alone."""
+    with FAST_GEMM_HALF and a runtime whose GEMM takes them (``half_gemm``: torch 2.8 on),
+    float16 operands), each after its weight's dequantizing and followed by gemm_mma for the
+    flagged tiles; the smaller ones (Qwen's q/k/v and o, all of SmolLM2's) and every product
+    under exact on gemm_mma alone."""
     from parity.arch.params import GraphParams
     from parity.backends.cuda import lowering as lowering_module
 
     monkeypatch.setattr(lowering_module, "FAST_GEMM_HALF", half)
     params = GraphParams(n_tokens=300, n_ctx=2048, output="logits")
     spec, _, lowering, lowered, nodes = _lower(_twin_spec(name), params, fast=fast,
-                                                   matmul=_float_gemm)  # fmt: skip
+                                               matmul=_float_gemm, half_gemm=half_gemm)  # fmt: skip
+    half = half and half_gemm  # (else TF32's form)
     assert lowering.done == set(nodes)
     gemms = sum(fn is _float_gemm for fn, _ in lowered.launches)
     names = [launch.name for _, (launch, *_) in lowered.launches if hasattr(launch, "name")]

@@ -173,6 +173,7 @@ class CudaBackend(GpuBackend):
             self.multiprocessors,
             self.numerics == "fast",
             self.rt.matmul,
+            self.rt.half_gemm,
         )
         lowered = lowering.lower(split.nodes, readers)
         self.library.ensure(lowered.kernels)  # one batch, compiled in parallel (or cached)

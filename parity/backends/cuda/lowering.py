@@ -195,17 +195,18 @@ FAST_ATTENTION = True
 # longest walking 16 tiles). On an H100 (twelfth session) 2 beat 1 at every prompt length:
 # SmolLM2 pp512 / pp4096 +7 / +27 %, Qwen +4 / +13 % (docs/perf.md)
 FAST_ATTENTION_GROUPS = 2
-# a prefill's products of quantized weights under numerics = "fast" on the TF32 tensor cores:
-# x's Q8A values and dequantize(W) as float32 into scratch (W: every call, no copy kept), then
-# cuBLAS's GEMM through torch (GpuRuntime.matmul), the bias or residual added by it, a GLU and
-# its Q8A by glu_f32 after it: the exact GEMM's integer sums and per-block float epilogue go.
-# Rows with extreme scales (q8_to_f32's flags) get their tiles again from gemm_mma, exactly.
-# Fast conformance on an H100: 0 FAIL (the plain cases, added after, up to 2.2e-6 in the
-# emulator's TF32 model; tier 1e-5); Qwen's 512-token prefill 35 % faster (docs/perf.md,
-# twelfth session): on
+# a prefill's products of quantized weights under numerics = "fast" on the tensor cores: x's
+# Q8A values and dequantize(W) into scratch (W: every call, no copy kept; float16 rows scaled
+# by powers of two with FAST_GEMM_HALF, float32 for TF32 without), cuBLAS's GEMM through torch
+# (GpuRuntime.matmul), then the bias or residual, a GLU and its Q8A in the launch after it
+# (float16: unscale_f32, glu_unscale_f32; TF32: added by the GEMM, glu_f32): the exact GEMM's
+# integer sums and per-block float epilogue go. Rows of x with extreme scales (flagged) get
+# their tiles again from gemm_mma, exactly. Fast conformance on an H100: 0 FAIL (both forms;
+# tier 1e-5); Qwen's 512-token prefill 35 % faster (docs/perf.md, twelfth session): on
 FAST_GEMM = True
-FAST_GEMM_ELEMENTS = 1 << 25  # ... for weights of up to this many (its scratch: 128 MiB; a head
-# of every position's logits, 151,936 x 896 for Qwen, keeps the integer GEMM)
+FAST_GEMM_ELEMENTS = 1 << 25  # ... for weights of up to this many (its scratch: 64 MiB of
+# float16, 128 MiB of TF32's float32; a head of every position's logits, 151,936 x 896 for Qwen,
+# keeps the integer GEMM)
 FAST_GEMM_MIN_ELEMENTS = 1 << 20  # ... and at least this many (H100, twelfth session, TF32: on
 # every product, Qwen's 512-token prefill +36 %, Gemma 3's +3 %, SmolLM2's -14 %: its products
 # of 576 x 1,536 are too small for the GEMM to pay for the dequantizing; thirteenth, float16:
@@ -385,6 +386,7 @@ class Lowering:
         multiprocessors: int = 132,
         fast: bool = False,
         matmul: Callable[..., None] | None = None,
+        half_gemm: bool = False,
     ) -> None:
         self.graph = graph
         self.values = values
@@ -397,6 +399,7 @@ class Lowering:
         self.multiprocessors = multiprocessors  # the GPU's (grids sized to the machine)
         self.fast = fast  # numerics = "fast": the fast kernels where a switch turns them on
         self.matmul = matmul  # out = a b^T (+ add) on the tensor cores (FAST_GEMM); None: none
+        self.half_gemm = half_gemm  # ... which takes float16 a and b too (FAST_GEMM_HALF)
         self._fast_x = -1  # the Q8A x whose floats the FAST_GEMM scratch holds last
         self._weight_tops: dict[int, Any] = {}  # FAST_GEMM_HALF: each weight's rows' bounds
         self.out: Lowered = Lowered([], [], set(), [])
@@ -995,15 +998,16 @@ class Lowering:
     def _float_product(
         self, out, x_id, q, d, weights, bias, res, shape, q8, epi, glu
     ) -> tuple[Any, bool]:
-        """``_product``'s products on the TF32 tensor cores (FAST_GEMM): x's Q8A values (q,
-        d) as floats with its rows' flags (once for the products of one x in a row: q, k and
-        v; gate and up), each weight dequantized into scratch and multiplied in by the
-        runtime's ``matmul``, the bias or residual added by it. Two weights: the gate and up
-        products (into the graph's values where ``glu`` names them), then glu_f32 for the
+        """``_product``'s products on the tensor cores (FAST_GEMM): with FAST_GEMM_HALF and a
+        runtime whose GEMM takes float16 operands, ``_half_product``; else on TF32: x's Q8A
+        values (q, d) as floats with its rows' flags (once for the products of one x in a row:
+        q, k and v; gate and up), each weight dequantized into scratch and multiplied in by
+        the runtime's ``matmul``, the bias or residual added by it. Two weights: the gate and
+        up products (into the graph's values where ``glu`` names them), then glu_f32 for the
         GLU and, where asked and rows are whole Q8 blocks, its QUANTIZE. Returns the flags,
         for gemm_mma to recompute the flagged rows' tiles exactly after it, and whether the
         QUANTIZE was done."""
-        if FAST_GEMM_HALF:
+        if FAST_GEMM_HALF and self.half_gemm:
             return self._half_product(out, x_id, q, d, weights, bias, res, shape, q8, epi, glu)
         t, n = shape
         k = self.graph.nodes[weights[0]].shape[1]

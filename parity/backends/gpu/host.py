@@ -28,6 +28,7 @@ class HostRuntime:
         self.torch = torch
         self.device = torch.device("cpu")
         self._dtypes = {DType.F32: torch.float32, DType.I32: torch.int32, DType.F16: torch.float16}
+        self.half_gemm = True  # (matmul makes float16 operands floats itself)
 
     def empty(self, torch_dtype: Any, shape: tuple[int, ...], what: str = "a value") -> Any:
         return self.torch.empty(shape, dtype=torch_dtype)
@@ -69,6 +70,7 @@ class HostRuntime:
         to TF32's 10 bits of mantissa (the tensor cores read the top 19 bits of each float),
         float32 sums on the CPU. Float16 a and b (FAST_GEMM_HALF): as floats, exactly."""
         if a.dtype == self.torch.float16:
+            assert add is None, "float16 operands: no add"
             self.torch.mm(a.float(), b.float().t(), out=out)
             return
         a, b = (self._tf32(v) for v in (a, b))

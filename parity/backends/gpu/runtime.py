@@ -69,6 +69,8 @@ class GpuRuntime:
             DType.I32: torch.int32,
             DType.F16: torch.float16,  # (scratch only: FAST_GEMM_HALF's operands)
         }
+        # matmul of float16 operands into float32 sums (torch.mm's out_dtype: torch 2.8 on)
+        self.half_gemm = "dtype_out" in torch.ops.aten.mm.overloads()
 
     # -- memory ------------------------------------------------------------------------------
 
@@ -152,6 +154,7 @@ class GpuRuntime:
         was; another thread's matmuls meanwhile would see it."""
         torch = self.torch
         if a.dtype == torch.float16:  # (FAST_GEMM_HALF: float16 operands, float32 sums, no add)
+            assert add is None and self.half_gemm, "float16 operands: no add, torch 2.8 or later"
             with torch.cuda.stream(self.stream):
                 torch.mm(a, b.t(), out_dtype=torch.float32, out=out)
             return

@@ -339,11 +339,11 @@ q8_to_f16(u16* y, float* tops, int* flags, const i8* q, const float* d, int K) {
 }
 
 // dequantize(W) (rows, K) as float16: row r (blocks (*, r)) times 2^half_shift(tops[r]),
-// tops[r] the largest 128 |a| + |m| of its sub-blocks, or inf where one is not finite (shift 0:
-// such values overflow float16 past 65,504, where a float32 GEMM would keep them). A weight's
-// rows do not change: ``tops`` (zeros at first, the weight's own) keeps each row's bound once
-// a launch has found it, so later launches read one float a row, not the row's scales. Eight
-// elements a thread, each dequant_element's bits before the shift.
+// tops[r] the largest 128 |a| + |m| of its sub-blocks whose scales are finite (a sub-block's
+// that are not gives inf or NaN values, as dequantize does, and leaves the others' shift
+// alone). A weight's rows do not change: ``tops`` (zeros at first, the weight's own) keeps
+// each row's bound once a launch has found it, so later launches read one float a row, not
+// the row's scales. Eight elements a thread, each dequant_element's bits before the shift.
 template <int QT>
 __global__ void __launch_bounds__(128)
 dequant_rows_half(u16* y, float* tops, const u8* w, int K, i64 row_bytes) {
@@ -354,16 +354,14 @@ dequant_rows_half(u16* y, float* tops, const u8* w, int K, i64 row_bytes) {
     __syncthreads();                                  // the row may write it meanwhile)
     float top = known;
     if (top == 0.0f) {  // not found yet (or a row of zeros, found again)
-        int bad = 0;
         for (int s = threadIdx.x; s < K / Layout<QT>::L; s += blockDim.x) {
             int q[8];  // (unused: only the scales are read)
             float a, m;
             load_sub<QT>(row, s, q, a, m);
             const float b = __fadd_rn(__fmul_rn(fabsf(a), 128.0f), fabsf(m));
-            bad |= !isfinite(b);
-            top = fmaxf(top, b);
+            if (isfinite(b)) top = fmaxf(top, b);
         }
-        top = block_top(top, bad);
+        top = block_top(top, 0);
         if (threadIdx.x == 0) tops[blockIdx.y] = top;  // (every block of the row: the same)
     }
     const int s = half_shift(top);
