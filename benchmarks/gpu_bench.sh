@@ -268,8 +268,12 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
     FAST_GEMM_MIN_ELEMENTS=0 -- -m parity conformance cuda --numerics fast &
   run conformance_fast_gemm_half python3 benchmarks/with_lowering.py FAST_GEMM=1 \
     FAST_GEMM_MIN_ELEMENTS=0 FAST_GEMM_HALF=1 -- -m parity conformance cuda --numerics fast &
+  run conformance_fast_gemm_early python3 benchmarks/with_lowering.py FAST_GEMM=1 \
+    FAST_GEMM_MIN_ELEMENTS=0 FAST_GEMM_HALF=1 DEQUANT_HALF_EARLY=1 -- -m parity conformance cuda \
+    --numerics fast -k matmul -k fusion &  # (thirteenth, off: the weight's loads first)
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
-         conformance_fast_attention1 conformance_fast_gemm conformance_fast_gemm_half)
+         conformance_fast_attention1 conformance_fast_gemm conformance_fast_gemm_half
+         conformance_fast_gemm_early)
   # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
   if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
     files+=(conformance_triton)

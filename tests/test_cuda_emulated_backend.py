@@ -601,13 +601,15 @@ def test_fast_float16_rows_of_x_are_its_values_scaled_and_rounded() -> None:
     assert not (small & 0x7C00).any() and (small & 0x3FF).astype(bool).mean() > 0.5
 
 
+@pytest.mark.parametrize("early", [0, 1])
 @pytest.mark.parametrize("dtype", ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"])
-def test_fast_float16_rows_of_a_weight_are_its_values_scaled_and_rounded(dtype) -> None:
+def test_fast_float16_rows_of_a_weight_are_its_values_scaled_and_rounded(dtype, early) -> None:
     """dequant_rows_half: each row of dequantize(W) (the oracle's values, edge scales
     included) times 2^s and rounded to nearest even as numpy does, every magnitude below
     2^15 and the shift no more than 2^8 short of the largest it could be. The rows' bounds
     are kept: a second launch gives the same bits, and a launch reads a kept bound, not the
-    row's scales."""
+    row's scales. ``early``: the form that loads a thread's first elements before the bound
+    (DEQUANT_HALF_EARLY), its later rounds too (a block a row)."""
     import ctypes
 
     import numpy as np
@@ -627,9 +629,9 @@ def test_fast_float16_rows_of_a_weight_are_its_values_scaled_and_rounded(dtype) 
     w = torch.from_numpy(raw.reshape(-1).view(np.uint8).copy())
     tops = torch.zeros(rows)  # (none found yet)
 
-    def launch() -> torch.Tensor:
+    def launch(blocks: int = -(-k // 1024)) -> torch.Tensor:
         y = torch.full((rows, k), float("nan"), dtype=torch.float16)
-        _launch_rows_kernel(f"dequant_rows_half<{qtype.value}>", (-(-k // 1024), rows, 1),
+        _launch_rows_kernel(f"dequant_rows_half<{qtype.value}, {early}>", (blocks, rows, 1),
                             (128, 1, 1), [pointer(y), pointer(tops), pointer(w), k,
                                           ctypes.c_longlong(qtype.nbytes(k))])  # fmt: skip
         return y
@@ -645,6 +647,7 @@ def test_fast_float16_rows_of_a_weight_are_its_values_scaled_and_rounded(dtype) 
     largest = np.where(np.isfinite(deq), np.abs(deq), 0).max(axis=1)  # (row 1: its finite ones)
     assert (largest <= top).all() and (np.ldexp(largest, s) >= 2.0**7).all(), (largest, top)
     assert launch().numpy().tobytes() == y.numpy().tobytes()  # (the kept bounds)
+    assert launch(1).numpy().tobytes() == y.numpy().tobytes()  # (three rounds a thread)
     tops[0] = float(top[0]) * 4  # (a kept bound is what the next launch reads: 2 shifts less)
     got, exp = _as_half_bits(launch()[0], np.ldexp(deq[0], s[0] - 2).astype(np.float16))
     assert got == exp

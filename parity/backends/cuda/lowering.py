@@ -221,6 +221,10 @@ FAST_GEMM_MIN_ELEMENTS = 1 << 20  # ... and at least this many (H100, twelfth se
 # dequant_rows: 1,324 against 1,030 us), Gemma 3's +8 to +10 % once its FFN takes the path
 # (FAST_GEMM_MIN_ELEMENTS): on
 FAST_GEMM_HALF = True
+# ... dequant_rows_half loading a thread's elements before it waits on its row's kept bound
+# (the H100 profile: 1,324 us of Qwen's 512-token prefill against dequant_rows' 1,030 writing
+# twice the bytes; latency-bound). Off until a GPU has timed it
+DEQUANT_HALF_EARLY = False
 HEADS_WIDTH_MAX = 1024  # ... (attention.cu's shared memory: 36 KiB of tiles, 4 KiB of q)
 NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs
 
@@ -1078,7 +1082,8 @@ class Lowering:
             if tops is None:  # the weight's rows' bounds, found by its first launch and kept
                 tops = self._weight_tops[weight] = self.new_scratch(DType.F32, (n,))
                 self.out.scratch.append(tops)
-            self._launch("rows.cu", f"dequant_rows_half<{w.dtype.value}>", (-(-k // 1024), n, 1),
+            name = f"dequant_rows_half<{w.dtype.value}, {int(DEQUANT_HALF_EARLY)}>"
+            self._launch("rows.cu", name, (-(-k // 1024), n, 1),
                          (128, 1, 1), [pointer(wh), pointer(tops), self._ptr(weight), k,
                                        ctypes.c_longlong(w.dtype.nbytes(k))])  # fmt: skip
             self.out.launches.append((self.matmul, (y, xh, wh)))

@@ -344,12 +344,20 @@ q8_to_f16(u16* y, float* tops, int* flags, const i8* q, const float* d, int K) {
 // alone). A weight's rows do not change: ``tops`` (zeros at first, the weight's own) keeps
 // each row's bound once a launch has found it, so later launches read one float a row, not
 // the row's scales. Eight elements a thread, each dequant_element's bits before the shift.
-template <int QT>
+// EARLY (lowering.DEQUANT_HALF_EARLY): a thread's first eight elements are loaded before the
+// wait on the row's bound, not after it.
+template <int QT, int EARLY = 0>
 __global__ void __launch_bounds__(128)
 dequant_rows_half(u16* y, float* tops, const u8* w, int K, i64 row_bytes) {
     pdl_begin();
     __shared__ float known;
     const u8* row = w + (i64)blockIdx.y * row_bytes;
+    const int first = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+    float early[8];
+    if (EARLY && first < K) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) early[j] = dequant_element<QT>(row, first + j);
+    }
     if (threadIdx.x == 0) known = tops[blockIdx.y];  // (once for the block: another block of
     __syncthreads();                                  // the row may write it meanwhile)
     float top = known;
@@ -366,10 +374,11 @@ dequant_rows_half(u16* y, float* tops, const u8* w, int K, i64 row_bytes) {
     }
     const int s = half_shift(top);
     const int step = gridDim.x * blockDim.x * 8;
-    for (int e = (blockIdx.x * blockDim.x + threadIdx.x) * 8; e < K; e += step) {
+    for (int e = first; e < K; e += step) {
         float v[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = scalbnf(dequant_element<QT>(row, e + j), s);
+        for (int j = 0; j < 8; ++j)
+            v[j] = scalbnf(EARLY && e == first ? early[j] : dequant_element<QT>(row, e + j), s);
         store_f16x8(y + (i64)blockIdx.y * K + e, v);
     }
 }
