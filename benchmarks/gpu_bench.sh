@@ -40,6 +40,12 @@
 #                                        model (MODELS=...). DEEP=1: the deep variants instead
 #                                        (flash decoding's switches) at POSITION (4000) in a
 #                                        cache of CTX (4352; 16640 for POSITION=16000)
+#   bash benchmarks/gpu_bench.sh fast    the fast prefill's VARIANTS (as `ab`'s; default: the
+#                                        fourteenth session's dequantizing and attention
+#                                        switches) against each other, ROUNDS (2) rounds
+#                                        alternated: a PREFILL_N-token (512) prefill under
+#                                        numerics = "fast" kernel by kernel, its time between
+#                                        events and its ten busiest kernels
 #   bash benchmarks/gpu_bench.sh deep    kernel by kernel deep in the cache (decode at 4000 and
 #                                        16000, 8000 for SmolLM2) and the 4096-token prefill,
 #                                        with PDL on and off (the table's weakest columns)
@@ -57,7 +63,7 @@
 #                                        and 4096 (RUNNERS, default cuda:exact and triton:fast;
 #                                        a switch per runner: cuda:exact:lowering.NAME=1)
 set -u
-stage=${1:?usage: gpu_bench.sh check|verify|compare|bench|quick|candidates|ab|deep|half|ncu|table}
+stage=${1:?usage: gpu_bench.sh check|verify|compare|bench|quick|candidates|ab|fast|deep|half|ncu|table}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .wheels/*.whl || exit 1
 export PYTHONPATH=/tmp/site XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -175,6 +181,34 @@ if [ "$stage" = ab ]; then  # (about 17 s a model and variant a round: MODELS=on
   done 2>&1 | tee "$out/ab_pdl_off.txt"
   exit 0
 fi
+if [ "$stage" = fast ]; then  # the fast prefill kernel by kernel, a process a variant
+  fvariants=${VARIANTS:-"- DEQUANT_HALF_EARLY=1 DEQUANT_HALF_SUBS=1 FAST_ATTENTION_SPLIT=2 FAST_ATTENTION_SPLIT=4 FAST_ATTENTION_SPLIT=4,FAST_ATTENTION_GROUPS=1"}
+  for round in $(seq "${ROUNDS:-2}"); do
+    for m in $models; do
+      for variant in $fvariants; do
+        echo "== round $round $m $variant"
+        [ "$variant" = - ] && variant=
+        timeout 90 python3 benchmarks/with_lowering.py ${variant//,/ } -- \
+          benchmarks/bench_gpu_steps.py /tmp/$m.gguf --numerics fast --ctx 4352 \
+          --prefill "${PREFILL_N:-512}" --runs 20 --profile > /tmp/fast_run.txt 2>&1
+        python3 - /tmp/fast_run.txt <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    what, _, rest = line.partition(" ")
+    if what.startswith("prefill") and what.endswith("_ms_events"):
+        print(what, rest.strip())
+    elif what.startswith("prefill") and rest.startswith("{"):
+        t = json.loads(rest)
+        print("busy_us", t["busy_us"], "|", "; ".join(
+            f"{k.split('(')[0]} {us} x{n}" for k, (us, n) in list(t["kernels_us_count"].items())[:10]))
+    elif "Error" in line or "error" in line:
+        print(line.rstrip())
+PY
+      done
+    done
+  done 2>&1 | tee "$out/fast.txt"
+  exit 0
+fi
 if [ "$stage" = deep ]; then  # where depth and long prompts go: kernel by kernel, PDL off too
   for m in $models; do
     ctx=16640; pos=16000; [ "$m" = smollm2-135m ] && { ctx=8192; pos=8000; }
@@ -271,9 +305,19 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
   run conformance_fast_gemm_early python3 benchmarks/with_lowering.py FAST_GEMM=1 \
     FAST_GEMM_MIN_ELEMENTS=0 FAST_GEMM_HALF=1 DEQUANT_HALF_EARLY=1 -- -m parity conformance cuda \
     --numerics fast -k matmul -k fusion &  # (thirteenth, off: the weight's loads first)
+  # (fourteenth session, off: the weight's dequantizing a sub-block a thread; fast attention's
+  # walk split over three blocks a (head, 64 tokens), with one group and with two)
+  run conformance_fast_gemm_subs python3 benchmarks/with_lowering.py FAST_GEMM=1 \
+    FAST_GEMM_MIN_ELEMENTS=0 FAST_GEMM_HALF=1 DEQUANT_HALF_SUBS=1 -- -m parity conformance cuda \
+    --numerics fast -k matmul -k fusion &
+  run conformance_fast_split python3 benchmarks/with_lowering.py FAST_ATTENTION_SPLIT=3 -- \
+    -m parity conformance cuda --numerics fast -k attention &
+  run conformance_fast_split1 python3 benchmarks/with_lowering.py FAST_ATTENTION_SPLIT=4 \
+    FAST_ATTENTION_GROUPS=1 -- -m parity conformance cuda --numerics fast -k attention &
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
          conformance_fast_attention1 conformance_fast_gemm conformance_fast_gemm_half
-         conformance_fast_gemm_early)
+         conformance_fast_gemm_early conformance_fast_gemm_subs conformance_fast_split
+         conformance_fast_split1)
   # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
   if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
     files+=(conformance_triton)

@@ -195,6 +195,11 @@ FAST_ATTENTION = True
 # longest walking 16 tiles). On an H100 (twelfth session) 2 beat 1 at every prompt length:
 # SmolLM2 pp512 / pp4096 +7 / +27 %, Qwen +4 / +13 % (docs/perf.md)
 FAST_ATTENTION_GROUPS = 2
+# ... and its blocks a (head, 64 tokens), each walking every S-th of the groups' tiles, the last
+# to finish merging the S (1: one block walks them all). At 512 tokens a (head, 64 tokens)
+# makes 72 blocks for SmolLM2, 112 for Qwen: fewer than an H100's multiprocessors, the longest
+# walking 16 tiles while the shortest walk 2. Until a GPU times it: 1
+FAST_ATTENTION_SPLIT = 1
 # a prefill's products of quantized weights under numerics = "fast" on the tensor cores: x's
 # Q8A values and dequantize(W) into scratch (W: every call, no copy kept; float16 rows scaled
 # by powers of two with FAST_GEMM_HALF, float32 for TF32 without), cuBLAS's GEMM through torch
@@ -225,6 +230,11 @@ FAST_GEMM_HALF = True
 # (the H100 profile: 1,324 us of Qwen's 512-token prefill against dequant_rows' 1,030 writing
 # twice the bytes; latency-bound). Off until a GPU has timed it
 DEQUANT_HALF_EARLY = False
+# ... or a sub-block a thread (rows.cu's dequant_subs_half: its quants in a few word loads, its
+# 32 values in four 16-byte stores, a flat grid of the weight's sub-blocks), where
+# dequant_rows_half has a block a row (Qwen's gate and up: 4,864 blocks of 112 working threads)
+# each thread dequantizing eight elements one at a time. Until a GPU times it: off
+DEQUANT_HALF_SUBS = False
 HEADS_WIDTH_MAX = 1024  # ... (attention.cu's shared memory: 36 KiB of tiles, 4 KiB of q)
 NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs
 
@@ -810,9 +820,14 @@ class Lowering:
         if self.fast and FAST_ATTENTION and t > SPLIT_TOKENS and d == 64:
             a.oq = a.od = a.os = None  # (its QUANTIZE: a launch of its own)
             a.n_tokens = t
-            groups = FAST_ATTENTION_GROUPS
+            groups, split, blocks = FAST_ATTENTION_GROUPS, FAST_ATTENTION_SPLIT, -(-t // 64)
+            if split > 1:  # each block's sums (36 floats a thread), a ticket a (head, 64 tokens)
+                part = self._shared_scratch("fast_part", DType.F32,
+                                            arg.n_head * blocks * split * 36 * 128)  # fmt: skip
+                tickets = self._shared_scratch("fast_tickets", DType.I32, arg.n_head * blocks)
+                a.part, a.tickets = part.data_ptr(), tickets.data_ptr()
             self._launch("attention.cu", f"attention_fast<{d}, {groups}>",
-                         (arg.n_head, -(-t // 64), 1), (128 * groups, 1, 1), [a],
+                         (arg.n_head * split, blocks, 1), (128 * groups, 1, 1), [a],
                          fast_attention_shared(groups))  # fmt: skip
             return
         if t <= SPLIT_TOKENS:  # flash decoding: a block a (head, token, chunk)
@@ -1082,10 +1097,17 @@ class Lowering:
             if tops is None:  # the weight's rows' bounds, found by its first launch and kept
                 tops = self._weight_tops[weight] = self.new_scratch(DType.F32, (n,))
                 self.out.scratch.append(tops)
-            name = f"dequant_rows_half<{w.dtype.value}, {int(DEQUANT_HALF_EARLY)}>"
-            self._launch("rows.cu", name, (-(-k // 1024), n, 1),
-                         (128, 1, 1), [pointer(wh), pointer(tops), self._ptr(weight), k,
-                                       ctypes.c_longlong(w.dtype.nbytes(k))])  # fmt: skip
+            row_bytes = ctypes.c_longlong(w.dtype.nbytes(k))
+            if DEQUANT_HALF_SUBS:
+                subs = n * (k // sub_block(w.dtype))
+                self._launch("rows.cu", f"dequant_subs_half<{w.dtype.value}>",
+                             (-(-subs // 128), 1, 1), (128, 1, 1),
+                             [pointer(wh), pointer(tops), self._ptr(weight), k, row_bytes,
+                              subs])  # fmt: skip
+            else:
+                name = f"dequant_rows_half<{w.dtype.value}, {int(DEQUANT_HALF_EARLY)}>"
+                self._launch("rows.cu", name, (-(-k // 1024), n, 1), (128, 1, 1),
+                             [pointer(wh), pointer(tops), self._ptr(weight), k, row_bytes])  # fmt: skip
             self.out.launches.append((self.matmul, (y, xh, wh)))
             return tops
 

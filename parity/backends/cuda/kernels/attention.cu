@@ -1010,8 +1010,11 @@ __global__ void __launch_bounds__(CHUNK, D == 128 ? 1 : 2) attention_tiles(AttnA
 // k + G, .. of the cache (FAST_BN slots a tile) from the lowest window start of the block's
 // tokens to their highest position; group 1's running sums are merged into group 0's at the
 // end (G = 2: half the walk for the longest blocks, when a prompt's blocks do not fill the
-// GPU). Scores and the
-// weighted values are m16n8k8 TF32 products, each operand split in two (hi + lo, three
+// GPU). With S blocks a (head, 64 tokens), grid (n_head S, ceil(T / 64)), the walk is split
+// S G ways: walker s G + k takes tiles s G + k, + S G, ..; each block writes its running max,
+// sums and rows to a.part, and the last of the S to finish (a ticket in a.tickets, reset for
+// the next launch) merges the S in their order: the bits do not depend on which finished
+// first. Scores and the weighted values are m16n8k8 TF32 products, each operand split in two (hi + lo, three
 // products: about float32's accuracy, as the triton backend's "tf32x3"); the running max and
 // sum rescaled with the project's exp; one division at the end. A tile's K and V rows are
 // split once into shared memory for the four warps, and the next tile's loaded into registers
@@ -1063,6 +1066,32 @@ __device__ __forceinline__ void mma_3xtf32(float (&d)[4], const u32 (&ah)[4], co
     mma_tf32(d, ah, bh);
 }
 
+// floats of a walk's running max, sums and rows, 128 threads' (36 a thread: m, l, o)
+#define FAST_PART (36 * 128)
+
+// a walk's running max m, sums l (this thread's share) and rows o merged with another's, kept
+// at ``part`` (stride 128: m, l, then o), both rescaled to the max of the two (a max of -inf:
+// no slot seen, weight 0); ``global``: scratch that other blocks wrote
+__device__ __forceinline__ void fast_merge(float (&m)[2], float (&l)[2], float (&o)[8][4],
+                                           const float* part, bool global) {
+    const float NEG = -__int_as_float(0x7f800000);
+    const auto at = [&](int k) { return global ? __ldcg(part + 128 * k) : part[128 * k]; };
+    float keep[2], take[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float other = at(r), mn = fmaxf(m[r], other);
+        keep[r] = m[r] == NEG ? 0.0f : p_exp(m[r] - mn);
+        take[r] = other == NEG ? 0.0f : p_exp(other - mn);
+        l[r] = l[r] * keep[r] + at(2 + r) * take[r];
+        m[r] = mn;
+    }
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            o[n][i] = o[n][i] * keep[i >> 1] + at(4 + 4 * n + i) * take[i >> 1];
+}
+
 template <int D, int G>
 __global__ void __launch_bounds__(128 * G) attention_fast(AttnArgs a) {
     pdl_begin();
@@ -1070,10 +1099,12 @@ __global__ void __launch_bounds__(128 * G) attention_fast(AttnArgs a) {
     static_assert(G == 1 || G == 2, "one or two groups of four warps");
     constexpr int KS = D / 8;  // k-steps of a score, n-tiles of an output row
     extern __shared__ __align__(16) u32 fast_smem[];  // FAST_SHARED(G) bytes
-    __shared__ int ps[64], los[64];
+    __shared__ int ps[64], los[64], last;
     // the latest tokens first: their blocks walk the most tiles, the short ones fill the tail
-    const int h = blockIdx.x, t0 = (gridDim.y - 1 - blockIdx.y) * 64;
+    const int S = gridDim.x / a.n_head, h = blockIdx.x / S, seg = blockIdx.x % S;
+    const int blk = gridDim.y - 1 - blockIdx.y, t0 = blk * 64;
     const int group = threadIdx.x >> 7, tid = threadIdx.x & 127;  // (tid: within the group)
+    const int walker = seg * G + group, W = S * G;  // (W walkers a (head, 64 tokens))
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     u32* kh = fast_smem + group * 4 * FAST_TILE;  // this group's tile, split
     u32* kl = kh + FAST_TILE;
@@ -1126,13 +1157,13 @@ __global__ void __launch_bounds__(128 * G) attention_fast(AttnArgs a) {
             vx[i] = in ? *reinterpret_cast<const float4*>(vbase + at_j) : zero;
         }
     };
-    // group k takes tiles k, k + G, ..: every group makes the same number of rounds (each with
+    // walker w takes tiles w, w + W, ..: every group makes the same number of rounds (each with
     // the block's barriers), a group past the last tile loads zeros and skips the products
     const int j_first = first / FAST_BN * FAST_BN;
-    const int rounds = ((end - j_first) / FAST_BN + G) / G;
-    fetch(j_first + group * FAST_BN);
+    const int rounds = ((end - j_first) / FAST_BN + W) / W;
+    fetch(j_first + walker * FAST_BN);
     for (int round = 0; round < rounds; ++round) {
-        const int j0 = j_first + (round * G + group) * FAST_BN;
+        const int j0 = j_first + (round * W + walker) * FAST_BN;
         __syncthreads();  // (the previous tile's readers are done)
 #pragma unroll
         for (int i = 0; i < FAST_LOADS; ++i) {
@@ -1146,7 +1177,7 @@ __global__ void __launch_bounds__(128 * G) attention_fast(AttnArgs a) {
             }
         }
         __syncthreads();
-        if (j0 + G * FAST_BN <= end) fetch(j0 + G * FAST_BN);  // the next, in flight meanwhile
+        if (j0 + W * FAST_BN <= end) fetch(j0 + W * FAST_BN);  // the next, in flight meanwhile
         if (j0 > end) continue;  // (this group's rounds are done; the barriers are not)
         // scores of slots j0 + 8 n + 2 c + {0, 1} for rows r0 (sc[n][0..1]) and r1 ([2..3])
         float sc[FAST_BN / 8][4];
@@ -1226,21 +1257,33 @@ __global__ void __launch_bounds__(128 * G) attention_fast(AttnArgs a) {
                 for (int i = 0; i < 4; ++i) part[128 * (4 + 4 * n + i)] = o[n][i];
         }
         __syncthreads();
-        if (group == 1) return;
-        float keep[2], take[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const float other = part[128 * r], mn = fmaxf(m[r], other);
-            keep[r] = m[r] == NEG ? 0.0f : p_exp(m[r] - mn);  // (NEG: no slot seen)
-            take[r] = other == NEG ? 0.0f : p_exp(other - mn);
-            l[r] = l[r] * keep[r] + part[128 * (2 + r)] * take[r];
-        }
-#pragma unroll
-        for (int n = 0; n < KS; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-                o[n][i] = o[n][i] * keep[i >> 1] + part[128 * (4 + 4 * n + i)] * take[i >> 1];
+        if (group == 0) fast_merge(m, l, o, part, false);
     }
+    if (S > 1) {  // the block's sums to scratch; the last of the S blocks merges them in order
+        const i64 at = (i64)h * gridDim.y + blk;  // (the ticket's; S partials, FAST_PART each)
+        float* parts = a.part + at * S * FAST_PART + tid;
+        if (group == 0) {
+            float* mine = parts + seg * FAST_PART;
+            mine[0] = m[0], mine[128] = m[1], mine[256] = l[0], mine[384] = l[1];
+#pragma unroll
+            for (int n = 0; n < KS; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) mine[128 * (4 + 4 * n + i)] = o[n][i];
+            __threadfence();
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) last = atomicAdd(&a.tickets[at], 1) == S - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        if (group != 0) return;
+        m[0] = m[1] = NEG, l[0] = l[1] = 0.0f;
+#pragma unroll
+        for (int n = 0; n < KS; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        for (int s = 0; s < S; ++s) fast_merge(m, l, o, parts + s * FAST_PART, true);
+        if (tid == 0) a.tickets[at] = 0;  // (for the next launch)
+    }
+    if (group != 0) return;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         l[r] += __shfl_xor_sync(FULL_MASK, l[r], 1);

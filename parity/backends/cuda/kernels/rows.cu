@@ -259,15 +259,21 @@ __global__ void q8_to_f32(float* y, int* flags, const i8* q, const float* d, int
 // for a bound ``top`` on its magnitudes (kept per row: ``tops``), which puts the row below 2^15:
 // no value overflows, and float16's normals reach 2^-29 of a row's largest. cuBLAS's GEMM of
 // them sums in float32; unscale_f32 (and glu_unscale_f32 for gate and up) then multiplies each
-// sum by 2^-(sx + sw), exactly (scalbnf: no float32 power of two spans every pair of shifts).
+// sum by 2^-(sx + sw), exactly.
 
 // The shift putting values of magnitude at most ``top`` below 2^15: 15 - e for top = f 2^e, f
-// in [0.5, 1); 0 for a row of zeros, or one with a scale not finite (top inf)
+// in [0.5, 1) (frexpf's e, from the bits: a normal's biased exponent - 126, a subnormal's
+// highest set bit - 148); 0 for a row of zeros, or one with a scale not finite (top inf)
 __device__ __forceinline__ int half_shift(float top) {
     if (!(top > 0.0f) || !isfinite(top)) return 0;
-    int e;
-    frexpf(top, &e);
-    return 15 - e;
+    const u32 b = __float_as_uint(top);
+    return 15 - (b >= 0x00800000u ? (int)(b >> 23) - 126 : 31 - __clz((int)b) - 148);
+}
+
+// x 2^s rounded once, as scalbnf: a product by 2^s where that is a normal float (s in
+// -126 .. 127, every shift of one row), scalbnf beyond (the sums' two shifts together)
+__device__ __forceinline__ float scale_pow2(float x, int s) {
+    return s >= -126 && s <= 127 ? __fmul_rn(x, __int_as_float((127 + s) << 23)) : scalbnf(x, s);
 }
 
 // the largest of the block's threads' ``top`` (none NaN), inf where any set ``bad``, to every
@@ -332,10 +338,20 @@ q8_to_f16(u16* y, float* tops, int* flags, const i8* q, const float* d, int K) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const i8 qj = (i8)(((j < 4 ? raw.x : raw.y) >> (8 * (j & 3))) & 0xffu);
-            v[j] = scalbnf(__fmul_rn((float)qj, de), s);
+            v[j] = scale_pow2(__fmul_rn((float)qj, de), s);
         }
         store_f16x8(y + (i64)t * K + e, v);
     }
+}
+
+// a bound on sub-block s's values: 128 |a| + |m|, or 0 where that is not finite
+template <int QT>
+__device__ __forceinline__ float sub_top(const u8* row, int s) {
+    int q[8];  // (unused: only the scales are read)
+    float a, m;
+    load_sub<QT>(row, s, q, a, m);
+    const float b = __fadd_rn(__fmul_rn(fabsf(a), 128.0f), fabsf(m));
+    return isfinite(b) ? b : 0.0f;
 }
 
 // dequantize(W) (rows, K) as float16: row r (blocks (*, r)) times 2^half_shift(tops[r]),
@@ -362,13 +378,8 @@ dequant_rows_half(u16* y, float* tops, const u8* w, int K, i64 row_bytes) {
     __syncthreads();                                  // the row may write it meanwhile)
     float top = known;
     if (top == 0.0f) {  // not found yet (or a row of zeros, found again)
-        for (int s = threadIdx.x; s < K / Layout<QT>::L; s += blockDim.x) {
-            int q[8];  // (unused: only the scales are read)
-            float a, m;
-            load_sub<QT>(row, s, q, a, m);
-            const float b = __fadd_rn(__fmul_rn(fabsf(a), 128.0f), fabsf(m));
-            if (isfinite(b)) top = fmaxf(top, b);
-        }
+        for (int s = threadIdx.x; s < K / Layout<QT>::L; s += blockDim.x)
+            top = fmaxf(top, sub_top<QT>(row, s));
         top = block_top(top, 0);
         if (threadIdx.x == 0) tops[blockIdx.y] = top;  // (every block of the row: the same)
     }
@@ -378,8 +389,47 @@ dequant_rows_half(u16* y, float* tops, const u8* w, int K, i64 row_bytes) {
         float v[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j)
-            v[j] = scalbnf(EARLY && e == first ? early[j] : dequant_element<QT>(row, e + j), s);
+            v[j] = scale_pow2(EARLY && e == first ? early[j] : dequant_element<QT>(row, e + j), s);
         store_f16x8(y + (i64)blockIdx.y * K + e, v);
+    }
+}
+
+// dequant_rows_half's rows, a sub-block of L elements a thread (lowering.DEQUANT_HALF_SUBS):
+// thread i takes sub-block i % (K / L) of row i / (K / L), its quants in a few word loads
+// (load_sub) and its values as dequant_element's, fl(a q), fl(fl(a q) + m) for Q4_1 and
+// fl(fl(a q) - m) for Q4_K, written eight to a 16-byte store. A row without a kept bound yet
+// (the weight's first launch) has each of its threads find it from all the row's scales.
+template <int QT>
+__global__ void __launch_bounds__(128)
+dequant_subs_half(u16* y, float* tops, const u8* w, int K, i64 row_bytes, int subs) {
+    pdl_begin();
+    typedef Layout<QT> Lt;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, per_row = K / Lt::L;
+    if (i >= subs) return;
+    const int r = i / per_row, s = i % per_row;
+    const u8* row = w + (i64)r * row_bytes;
+    int q[8];
+    float a, m;
+    load_sub<QT>(row, s, q, a, m);
+    float top = tops[r];
+    if (top == 0.0f) {  // not found yet (or a row of zeros, found again)
+        for (int j = 0; j < per_row; ++j) top = fmaxf(top, sub_top<QT>(row, j));
+        tops[r] = top;  // (every thread of the row: the same)
+    }
+    const int sh = half_shift(top);
+    u16* out = y + (i64)r * K + s * Lt::L;
+#pragma unroll
+    for (int k = 0; k < Lt::L / 8; ++k) {  // (the quants of words 2k, 2k + 1: elements 8k ..)
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const float qw = (float)(i8)((u32)q[2 * k + j / 4] >> (8 * (j & 3)));
+            float x = __fmul_rn(a, qw);
+            if (Lt::MIN > 0) x = __fadd_rn(x, m);
+            if (Lt::MIN < 0) x = __fsub_rn(x, m);
+            v[j] = scale_pow2(x, sh);
+        }
+        store_f16x8(out + 8 * k, v);
     }
 }
 
@@ -392,7 +442,7 @@ __global__ void unscale_f32(float* y, const float* xtops, const float* wtops, co
     const int t = blockIdx.y, c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= width) return;
     const i64 i = (i64)t * width + c;
-    float v = scalbnf(y[i], -(half_shift(xtops[t]) + half_shift(wtops[c])));
+    float v = scale_pow2(y[i], -(half_shift(xtops[t]) + half_shift(wtops[c])));
     if (b != nullptr) v = __fadd_rn(v, b[c]);
     if (r != nullptr) v = __fadd_rn(r[i], v);
     y[i] = v;
@@ -410,8 +460,8 @@ __global__ void glu_unscale_f32(float* y, i8* q, float* qd, float* qs, float* g,
     if (c >= width) return;  // (a whole warp, where q is given)
     const i64 i = (i64)t * width + c;
     const int sx = half_shift(xtops[t]);
-    const float gv = scalbnf(g[i], -(sx + half_shift(gtops[c])));
-    const float uv = scalbnf(u[i], -(sx + half_shift(utops[c])));
+    const float gv = scale_pow2(g[i], -(sx + half_shift(gtops[c])));
+    const float uv = scale_pow2(u[i], -(sx + half_shift(utops[c])));
     if (keep) {
         g[i] = gv;
         u[i] = uv;
