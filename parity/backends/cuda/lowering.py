@@ -1107,7 +1107,8 @@ class Lowering:
             else:
                 name = f"dequant_rows_half<{w.dtype.value}, {int(DEQUANT_HALF_EARLY)}>"
                 self._launch("rows.cu", name, (-(-k // 1024), n, 1), (128, 1, 1),
-                             [pointer(wh), pointer(tops), self._ptr(weight), k, row_bytes])  # fmt: skip
+                             [pointer(wh), pointer(tops), self._ptr(weight), k,
+                              row_bytes])  # fmt: skip
             self.out.launches.append((self.matmul, (y, xh, wh)))
             return tops
 
