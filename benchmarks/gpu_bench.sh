@@ -40,9 +40,9 @@
 #                                        model (MODELS=...). DEEP=1: the deep variants instead
 #                                        (flash decoding's switches) at POSITION (4000) in a
 #                                        cache of CTX (4352; 16640 for POSITION=16000)
-#   bash benchmarks/gpu_bench.sh fast    the fast prefill's VARIANTS (as `ab`'s; default: the
-#                                        fourteenth session's dequantizing and attention
-#                                        switches) against each other, ROUNDS (2) rounds
+#   bash benchmarks/gpu_bench.sh fast    the fast prefill's VARIANTS (as `ab`'s; default:
+#                                        fast attention's blocks a head) against each
+#                                        other, ROUNDS (2) rounds
 #                                        alternated: a PREFILL_N-token (512) prefill under
 #                                        numerics = "fast" kernel by kernel, its time between
 #                                        events and its ten busiest kernels
@@ -182,7 +182,9 @@ if [ "$stage" = ab ]; then  # (about 17 s a model and variant a round: MODELS=on
   exit 0
 fi
 if [ "$stage" = fast ]; then  # the fast prefill kernel by kernel, a process a variant
-  fvariants=${VARIANTS:-"- DEQUANT_HALF_EARLY=1 DEQUANT_HALF_SUBS=1 FAST_ATTENTION_SPLIT=2 FAST_ATTENTION_SPLIT=4 FAST_ATTENTION_SPLIT=4,FAST_ATTENTION_GROUPS=1"}
+  # (fourteenth session, H100: fast attention's G = 2, S = 1 (as before), S = 2, 4 and G = 1,
+  # S = 4 (shipped), the weights a sub-block a thread (shipped), every product on float16)
+  fvariants=${VARIANTS:-"- FAST_ATTENTION_SPLIT=2 FAST_ATTENTION_SPLIT=3"}
   for round in $(seq "${ROUNDS:-2}"); do
     for m in $models; do
       for variant in $fvariants; do
@@ -292,9 +294,12 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
     -m parity conformance cuda -k matmul -k fusion &  # (gemm_mma's blocks of 64 tokens)
   run conformance_prefill python3 benchmarks/with_lowering.py MMA_QUANTIZE=1 MMA_GLU=1 MMA_MULTI=1 \
     NORM_WARP_WIDTH_MAX=2048 -- -m parity conformance cuda -k fusion -k norm &  # (ninth session)
-  # (fast attention, on under numerics = fast since the eleventh session, two warp groups a
-  # block since the twelfth: conformance_cuda; one group, the kernel's other form, here)
-  run conformance_fast_attention1 python3 benchmarks/with_lowering.py FAST_ATTENTION_GROUPS=1 \
+  # (fast attention, on under numerics = fast since the eleventh session, one group of warps
+  # and four blocks a (head, 64 tokens) since the fourteenth: conformance_cuda; two groups and
+  # three blocks, and one block, the kernel's other forms, here)
+  run conformance_fast_attention2 python3 benchmarks/with_lowering.py FAST_ATTENTION_GROUPS=2 \
+    FAST_ATTENTION_SPLIT=3 -- -m parity conformance cuda --numerics fast -k attention &
+  run conformance_fast_attention1 python3 benchmarks/with_lowering.py FAST_ATTENTION_SPLIT=1 \
     -- -m parity conformance cuda --numerics fast -k attention &
   # (twelfth session: fast products on the TF32 tensor cores; thirteenth: on float16 operands,
   # shipped for weights of 1M elements or more: here both forms on every product)
@@ -302,22 +307,9 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
     FAST_GEMM_MIN_ELEMENTS=0 -- -m parity conformance cuda --numerics fast &
   run conformance_fast_gemm_half python3 benchmarks/with_lowering.py FAST_GEMM=1 \
     FAST_GEMM_MIN_ELEMENTS=0 FAST_GEMM_HALF=1 -- -m parity conformance cuda --numerics fast &
-  run conformance_fast_gemm_early python3 benchmarks/with_lowering.py FAST_GEMM=1 \
-    FAST_GEMM_MIN_ELEMENTS=0 FAST_GEMM_HALF=1 DEQUANT_HALF_EARLY=1 -- -m parity conformance cuda \
-    --numerics fast -k matmul -k fusion &  # (thirteenth, off: the weight's loads first)
-  # (fourteenth session, off: the weight's dequantizing a sub-block a thread; fast attention's
-  # walk split over three blocks a (head, 64 tokens), with one group and with two)
-  run conformance_fast_gemm_subs python3 benchmarks/with_lowering.py FAST_GEMM=1 \
-    FAST_GEMM_MIN_ELEMENTS=0 FAST_GEMM_HALF=1 DEQUANT_HALF_SUBS=1 -- -m parity conformance cuda \
-    --numerics fast -k matmul -k fusion &
-  run conformance_fast_split python3 benchmarks/with_lowering.py FAST_ATTENTION_SPLIT=3 -- \
-    -m parity conformance cuda --numerics fast -k attention &
-  run conformance_fast_split1 python3 benchmarks/with_lowering.py FAST_ATTENTION_SPLIT=4 \
-    FAST_ATTENTION_GROUPS=1 -- -m parity conformance cuda --numerics fast -k attention &
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
-         conformance_fast_attention1 conformance_fast_gemm conformance_fast_gemm_half
-         conformance_fast_gemm_early conformance_fast_gemm_subs conformance_fast_split
-         conformance_fast_split1)
+         conformance_fast_attention1 conformance_fast_attention2 conformance_fast_gemm
+         conformance_fast_gemm_half)
   # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
   if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
     files+=(conformance_triton)

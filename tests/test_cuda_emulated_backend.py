@@ -469,7 +469,7 @@ def test_gemma3_norms_wider_than_a_block_are_bit_exact_in_the_emulator(
     assert report.identical_share == 1.0 and report.tokens_agree == 2
 
 
-@pytest.mark.parametrize("products, half, split", [(False, False, 1), (True, True, 2)])
+@pytest.mark.parametrize("products, half, split", [(False, False, 1), (True, True, 4)])
 def test_a_tiny_model_under_fast_numerics_keeps_its_tiers_in_the_emulator(
     products, half, split, monkeypatch
 ) -> None:
@@ -520,25 +520,22 @@ FAST_GEMM_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case, verdict, form", [
-    *((case, verdict, form) for form in ("tf32", "half") for case, verdict in FAST_GEMM_CASES),
-    (*FAST_GEMM_CASES[4], "subs"),
-])  # fmt: skip
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("case, verdict", FAST_GEMM_CASES)
 def test_fast_products_on_the_tensor_cores_keep_their_tier_in_the_emulator(
-    case, verdict, form, monkeypatch
+    case, verdict, half, monkeypatch
 ) -> None:
     """FAST_GEMM under numerics = "fast": x's Q8A values and each weight as floats (TF32's
-    form) or, with FAST_GEMM_HALF, as float16 rows scaled by powers of two (the weight a
-    sub-block a thread: DEQUANT_HALF_SUBS), the runtime's float GEMM (the emulator's: float32
-    sums on the CPU; a GPU's: cuBLAS's), the shifts undone on the sums, then gemm_mma on the
-    flagged rows' tiles only; every node within the fast tier, the float path taken."""
-    half = form != "tf32"
+    form) or, with FAST_GEMM_HALF, as float16 rows scaled by powers of two, the runtime's
+    float GEMM (the emulator's: float32 sums on the CPU; a GPU's: cuBLAS's), the shifts undone
+    on the sums, then gemm_mma on the flagged rows' tiles only; every node within the fast
+    tier, the float path taken."""
     launched = _judge_with(case, monkeypatch, "fast", verdict, FAST_GEMM=True,
-                           FAST_GEMM_MIN_ELEMENTS=0, FAST_GEMM_HALF=half,
-                           DEQUANT_HALF_SUBS=form == "subs")  # fmt: skip
+                           FAST_GEMM_MIN_ELEMENTS=0, FAST_GEMM_HALF=half)  # fmt: skip
     names = " ".join(name for name, _ in launched)
-    weight = {"tf32": "dequant_rows<", "half": "dequant_rows_half", "subs": "dequant_subs_half"}
-    x_floats, weight = ("q8_to_f16" if half else "q8_to_f32"), weight[form]
+    x_floats, weight = (
+        ("q8_to_f16", "dequant_subs_half") if half else ("q8_to_f32", "dequant_rows<")
+    )
     assert x_floats in names and weight in names and "gemm_mma<" in names, names
     assert ("q8_to_f32" in names) != half, names
 
@@ -608,16 +605,13 @@ def test_fast_float16_rows_of_x_are_its_values_scaled_and_rounded() -> None:
     assert not (small & 0x7C00).any() and (small & 0x3FF).astype(bool).mean() > 0.5
 
 
-@pytest.mark.parametrize("form", ["rows", "early", "subs"])
 @pytest.mark.parametrize("dtype", ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"])
-def test_fast_float16_rows_of_a_weight_are_its_values_scaled_and_rounded(dtype, form) -> None:
-    """dequant_rows_half: each row of dequantize(W) (the oracle's values, edge scales
+def test_fast_float16_rows_of_a_weight_are_its_values_scaled_and_rounded(dtype) -> None:
+    """dequant_subs_half: each row of dequantize(W) (the oracle's values, edge scales
     included) times 2^s and rounded to nearest even as numpy does, every magnitude below
-    2^15 and the shift no more than 2^8 short of the largest it could be. The rows' bounds
-    are kept: a second launch gives the same bits, and a launch reads a kept bound, not the
-    row's scales. ``form``: dequant_rows_half (a block a row, its later rounds too), the form
-    that loads a thread's first elements before the bound (DEQUANT_HALF_EARLY), or
-    dequant_subs_half (a sub-block a thread, DEQUANT_HALF_SUBS)."""
+    2^15 and the shift no more than 2^8 short of the largest it could be, a sub-block a thread
+    (the grid's last block part full). The rows' bounds are kept: a second launch gives the
+    same bits, and a launch reads a kept bound, not the row's scales."""
     import ctypes
 
     import numpy as np
@@ -637,16 +631,13 @@ def test_fast_float16_rows_of_a_weight_are_its_values_scaled_and_rounded(dtype, 
     w = torch.from_numpy(raw.reshape(-1).view(np.uint8).copy())
     tops = torch.zeros(rows)  # (none found yet)
 
-    def launch(blocks: int = -(-k // 1024)) -> torch.Tensor:
+    subs = rows * k // (16 if qtype is DType.Q6_K else 32)  # (432 or 864: blocks of 128)
+
+    def launch() -> torch.Tensor:
         y = torch.full((rows, k), float("nan"), dtype=torch.float16)
-        args = [pointer(y), pointer(tops), pointer(w), k, ctypes.c_longlong(qtype.nbytes(k))]
-        if form == "subs":
-            subs = rows * k // (16 if qtype is DType.Q6_K else 32)
-            _launch_rows_kernel(f"dequant_subs_half<{qtype.value}>", (-(-subs // 128), 1, 1),
-                                (128, 1, 1), [*args, subs])  # fmt: skip
-        else:
-            _launch_rows_kernel(f"dequant_rows_half<{qtype.value}, {int(form == 'early')}>",
-                                (blocks, rows, 1), (128, 1, 1), args)  # fmt: skip
+        _launch_rows_kernel(f"dequant_subs_half<{qtype.value}>", (-(-subs // 128), 1, 1),
+                            (128, 1, 1), [pointer(y), pointer(tops), pointer(w), k,
+                                          ctypes.c_longlong(qtype.nbytes(k)), subs])  # fmt: skip
         return y
 
     y = launch()
@@ -660,8 +651,6 @@ def test_fast_float16_rows_of_a_weight_are_its_values_scaled_and_rounded(dtype, 
     largest = np.where(np.isfinite(deq), np.abs(deq), 0).max(axis=1)  # (row 1: its finite ones)
     assert (largest <= top).all() and (np.ldexp(largest, s) >= 2.0**7).all(), (largest, top)
     assert launch().numpy().tobytes() == y.numpy().tobytes()  # (the kept bounds)
-    if form != "subs":
-        assert launch(1).numpy().tobytes() == y.numpy().tobytes()  # (three rounds a thread)
     tops[0] = float(top[0]) * 4  # (a kept bound is what the next launch reads: 2 shifts less)
     got, exp = _as_half_bits(launch()[0], np.ldexp(deq[0], s[0] - 2).astype(np.float16))
     assert got == exp
@@ -745,14 +734,13 @@ FAST_ATTENTION_CASES = [
 ]
 
 
-# (two groups with the emulator's threads in reverse order: a merge that read group 1's sums
-# before they were written, or wrote them over tiles still read, would show; three blocks a
-# (head, 64 tokens): more walkers than most cases' tiles, merged by the last block to finish;
-# exact numerics once: every case's exact kernels are
-# test_conformance_case_is_bit_exact_in_the_emulator's)
+# (one group and one block; one group and four blocks a (head, 64 tokens), as shipped; two
+# groups and three blocks: more walkers than most cases' tiles. The emulator's threads in
+# reverse order with either merge: one that read group 1's sums before they were written, or
+# wrote them over tiles still read, would show. Exact numerics once: every case's exact kernels
+# are test_conformance_case_is_bit_exact_in_the_emulator's)
 @pytest.mark.parametrize("case, numerics, groups, split", [
-    *((case, "fast", groups, 1) for groups in (1, 2) for case in FAST_ATTENTION_CASES),
-    *((case, "fast", 2, 3) for case in FAST_ATTENTION_CASES),
+    *((case, "fast", *form) for form in ((1, 1), (1, 4), (2, 3)) for case in FAST_ATTENTION_CASES),
     (FAST_ATTENTION_CASES[-1], "exact", 1, 1),
 ])  # fmt: skip
 def test_fast_attention_is_within_its_tier_in_the_emulator(
@@ -762,13 +750,13 @@ def test_fast_attention_is_within_its_tier_in_the_emulator(
     tensor cores (TF32 products of split operands, the emulator's model of the instruction's
     fragments), judged against the oracle under the backend's fast tier (NMSE 1e-8), the
     kernel launched, with one group of warps a block or two (FAST_ATTENTION_GROUPS, merged at
-    the end) and one block a (head, 64 tokens) or three (FAST_ATTENTION_SPLIT, merged by the
+    the end) and one block a (head, 64 tokens) or more (FAST_ATTENTION_SPLIT, merged by the
     last to finish); under "exact" the exact kernels still, bit for bit. (Mutations caught:
     the V rows' order, no rescaling of the running sums, group 1's sums dropped or not
     rescaled, a ticket not reset for the next launch.)"""
     fast = numerics == "fast"
     launched = _judge_with(case, monkeypatch, numerics, "bound" if fast else "exact",
-                           reverse=groups == 2, FAST_ATTENTION_GROUPS=groups,
+                           reverse=(groups, split) != (1, 1), FAST_ATTENTION_GROUPS=groups,
                            FAST_ATTENTION_SPLIT=split)  # fmt: skip
     launched = [name for name, _ in launched]
     assert (f"attention_fast<64, {groups}>" in launched) == fast, launched

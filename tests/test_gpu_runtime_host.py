@@ -348,11 +348,11 @@ def test_fast_products_take_the_tensor_cores_by_the_weight_size(
     names = [launch.name for _, (launch, *_) in lowered.launches if hasattr(launch, "name")]
     expected = per_layer * spec.n_layer if fast else 0
     assert gemms == expected
-    assert sum(n.startswith("dequant_rows") for n in names) == expected
+    assert sum(n.startswith(("dequant_rows", "dequant_subs")) for n in names) == expected
     x_floats = "q8_to_f16" if half else "q8_to_f32"  # (gate/up's x, then down's)
     assert names.count(x_floats) == (2 * spec.n_layer if expected else 0)
     if expected:
-        assert sum(n.startswith("dequant_rows_half") for n in names) == (expected if half else 0)
+        assert sum(n.startswith("dequant_subs_half") for n in names) == (expected if half else 0)
     assert sum(n.startswith("gemm_mma") for n in names) == 4 * spec.n_layer  # (as exact)
 
 

@@ -190,16 +190,16 @@ HEADS_TOGETHER_CHUNKS = {64: 0, 128: 0, 256: 0}
 # at 512 and 1,024 tokens and 22-24 % at 4,096, 4-7 % for SmolLM2 at 4,096, and loses 2-3 % of
 # SmolLM2's 512 and 1,024 (a block of 64 tokens a multiprocessor there, latency bound): on
 FAST_ATTENTION = True
-# ... and its groups of four warps a block, each walking every other tile of the cache (2: half
-# the walk of the longest blocks; at 512 tokens the blocks are one a multiprocessor, the
-# longest walking 16 tiles). On an H100 (twelfth session) 2 beat 1 at every prompt length:
-# SmolLM2 pp512 / pp4096 +7 / +27 %, Qwen +4 / +13 % (docs/perf.md)
-FAST_ATTENTION_GROUPS = 2
-# ... and its blocks a (head, 64 tokens), each walking every S-th of the groups' tiles, the last
-# to finish merging the S (1: one block walks them all). At 512 tokens a (head, 64 tokens)
-# makes 72 blocks for SmolLM2, 112 for Qwen: fewer than an H100's multiprocessors, the longest
-# walking 16 tiles while the shortest walk 2. Until a GPU times it: 1
-FAST_ATTENTION_SPLIT = 1
+# ... and its groups of four warps a block (G), each walking every other tile of the cache;
+# and its blocks a (head, 64 tokens) (S), each walking every S-th of the groups' tiles, the
+# last to finish merging the S. One block a (head, 64 tokens) makes 72 blocks for SmolLM2 at
+# 512 tokens, 112 for Qwen: fewer than an H100's multiprocessors, the longest walking 16 tiles
+# while the shortest walk 2. On an H100: G = 2 beat 1 with S = 1 (twelfth session: SmolLM2
+# pp512 / pp4096 +7 / +27 %, Qwen +4 / +13 %); G = 1, S = 4 (two blocks a multiprocessor)
+# beat G = 2, S = 1 (fourteenth: the kernel 1,534 -> 898 us of SmolLM2's 512-token prefill,
+# 1,232 -> 911 of Qwen's; S = 2 to 6 and S = 4 with G = 2 between; docs/perf.md)
+FAST_ATTENTION_GROUPS = 1
+FAST_ATTENTION_SPLIT = 4
 # a prefill's products of quantized weights under numerics = "fast" on the tensor cores: x's
 # Q8A values and dequantize(W) into scratch (W: every call, no copy kept; float16 rows scaled
 # by powers of two with FAST_GEMM_HALF, float32 for TF32 without), cuBLAS's GEMM through torch
@@ -217,24 +217,16 @@ FAST_GEMM_MIN_ELEMENTS = 1 << 20  # ... and at least this many (H100, twelfth se
 # of 576 x 1,536 are too small for the GEMM to pay for the dequantizing; thirteenth, float16:
 # Gemma 3's gate, up and down, 2,048 x 640, +8 to +10 % in two calls; Qwen's 4,864 x 896 were
 # on already)
-# ... with float16 operands instead of TF32 (rows.cu's q8_to_f16, dequant_rows_half: each row
+# ... with float16 operands instead of TF32 (rows.cu's q8_to_f16, dequant_subs_half: each row
 # times a power of two that keeps it in float16's range, undone exactly on the float32 sums by
 # unscale_f32 or glu_unscale_f32): half the bytes, twice the tensor rate, the same 11 bits of
 # mantissa as TF32's inputs (rounded to nearest, where TF32 truncates). H100, thirteenth
 # session: fast conformance on every product 0 FAIL, worst NMSE 3.2e-7; Qwen's 512-token
-# prefill even with TF32 (its GEMMs 1,431 -> 776 us, but dequant_rows_half slower than
-# dequant_rows: 1,324 against 1,030 us), Gemma 3's +8 to +10 % once its FFN takes the path
-# (FAST_GEMM_MIN_ELEMENTS): on
+# prefill even with TF32 (its GEMMs 1,431 -> 776 us, but the weights' dequantizing, then a
+# block a row, slower than dequant_rows: 1,324 against 1,030 us), Gemma 3's +8 to +10 % once
+# its FFN takes the path (FAST_GEMM_MIN_ELEMENTS); fourteenth, the weights dequantized a
+# sub-block a thread: Qwen's prefill 6.80 -> 6.25 ms, Gemma 3's 5.15 -> 4.98: on
 FAST_GEMM_HALF = True
-# ... dequant_rows_half loading a thread's elements before it waits on its row's kept bound
-# (the H100 profile: 1,324 us of Qwen's 512-token prefill against dequant_rows' 1,030 writing
-# twice the bytes; latency-bound). Off until a GPU has timed it
-DEQUANT_HALF_EARLY = False
-# ... or a sub-block a thread (rows.cu's dequant_subs_half: its quants in a few word loads, its
-# 32 values in four 16-byte stores, a flat grid of the weight's sub-blocks), where
-# dequant_rows_half has a block a row (Qwen's gate and up: 4,864 blocks of 112 working threads)
-# each thread dequantizing eight elements one at a time. Until a GPU times it: off
-DEQUANT_HALF_SUBS = False
 HEADS_WIDTH_MAX = 1024  # ... (attention.cu's shared memory: 36 KiB of tiles, 4 KiB of q)
 NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs
 
@@ -1097,18 +1089,10 @@ class Lowering:
             if tops is None:  # the weight's rows' bounds, found by its first launch and kept
                 tops = self._weight_tops[weight] = self.new_scratch(DType.F32, (n,))
                 self.out.scratch.append(tops)
-            row_bytes = ctypes.c_longlong(w.dtype.nbytes(k))
-            if DEQUANT_HALF_SUBS:
-                subs = n * (k // sub_block(w.dtype))
-                self._launch("rows.cu", f"dequant_subs_half<{w.dtype.value}>",
-                             (-(-subs // 128), 1, 1), (128, 1, 1),
-                             [pointer(wh), pointer(tops), self._ptr(weight), k, row_bytes,
-                              subs])  # fmt: skip
-            else:
-                name = f"dequant_rows_half<{w.dtype.value}, {int(DEQUANT_HALF_EARLY)}>"
-                self._launch("rows.cu", name, (-(-k // 1024), n, 1), (128, 1, 1),
-                             [pointer(wh), pointer(tops), self._ptr(weight), k,
-                              row_bytes])  # fmt: skip
+            subs = n * (k // sub_block(w.dtype))  # (a thread each)
+            self._launch("rows.cu", f"dequant_subs_half<{w.dtype.value}>", (-(-subs // 128), 1, 1),
+                         (128, 1, 1), [pointer(wh), pointer(tops), self._ptr(weight), k,
+                                       ctypes.c_longlong(w.dtype.nbytes(k)), subs])  # fmt: skip
             self.out.launches.append((self.matmul, (y, xh, wh)))
             return tops
 

@@ -354,51 +354,16 @@ __device__ __forceinline__ float sub_top(const u8* row, int s) {
     return isfinite(b) ? b : 0.0f;
 }
 
-// dequantize(W) (rows, K) as float16: row r (blocks (*, r)) times 2^half_shift(tops[r]),
-// tops[r] the largest 128 |a| + |m| of its sub-blocks whose scales are finite (a sub-block's
-// that are not gives inf or NaN values, as dequantize does, and leaves the others' shift
-// alone). A weight's rows do not change: ``tops`` (zeros at first, the weight's own) keeps
-// each row's bound once a launch has found it, so later launches read one float a row, not
-// the row's scales. Eight elements a thread, each dequant_element's bits before the shift.
-// EARLY (lowering.DEQUANT_HALF_EARLY): a thread's first eight elements are loaded before the
-// wait on the row's bound, not after it.
-template <int QT, int EARLY = 0>
-__global__ void __launch_bounds__(128)
-dequant_rows_half(u16* y, float* tops, const u8* w, int K, i64 row_bytes) {
-    pdl_begin();
-    __shared__ float known;
-    const u8* row = w + (i64)blockIdx.y * row_bytes;
-    const int first = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
-    float early[8];
-    if (EARLY && first < K) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) early[j] = dequant_element<QT>(row, first + j);
-    }
-    if (threadIdx.x == 0) known = tops[blockIdx.y];  // (once for the block: another block of
-    __syncthreads();                                  // the row may write it meanwhile)
-    float top = known;
-    if (top == 0.0f) {  // not found yet (or a row of zeros, found again)
-        for (int s = threadIdx.x; s < K / Layout<QT>::L; s += blockDim.x)
-            top = fmaxf(top, sub_top<QT>(row, s));
-        top = block_top(top, 0);
-        if (threadIdx.x == 0) tops[blockIdx.y] = top;  // (every block of the row: the same)
-    }
-    const int s = half_shift(top);
-    const int step = gridDim.x * blockDim.x * 8;
-    for (int e = first; e < K; e += step) {
-        float v[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-            v[j] = scale_pow2(EARLY && e == first ? early[j] : dequant_element<QT>(row, e + j), s);
-        store_f16x8(y + (i64)blockIdx.y * K + e, v);
-    }
-}
-
-// dequant_rows_half's rows, a sub-block of L elements a thread (lowering.DEQUANT_HALF_SUBS):
-// thread i takes sub-block i % (K / L) of row i / (K / L), its quants in a few word loads
-// (load_sub) and its values as dequant_element's, fl(a q), fl(fl(a q) + m) for Q4_1 and
-// fl(fl(a q) - m) for Q4_K, written eight to a 16-byte store. A row without a kept bound yet
-// (the weight's first launch) has each of its threads find it from all the row's scales.
+// dequantize(W) (rows, K) as float16: row r times 2^half_shift(tops[r]), tops[r] the largest
+// 128 |a| + |m| of its sub-blocks whose scales are finite (a sub-block's that are not gives inf
+// or NaN values, as dequantize does, and leaves the others' shift alone). A sub-block of L
+// elements a thread: thread i takes sub-block i % (K / L) of row i / (K / L), its quants in a
+// few word loads (load_sub) and its values as dequant_element's, fl(a q), fl(fl(a q) + m) for
+// Q4_1 and fl(fl(a q) - m) for Q4_K, written eight to a 16-byte store. A weight's rows do not
+// change: ``tops`` (zeros at first, the weight's own) keeps each row's bound once a launch has
+// found it, so later launches read one float a row; in the weight's first launch each thread
+// finds its row's from all the row's scales. (The thirteenth session's form, a block a row
+// and eight elements a thread one at a time, took 1.8x as long on an H100: docs/perf.md.)
 template <int QT>
 __global__ void __launch_bounds__(128)
 dequant_subs_half(u16* y, float* tops, const u8* w, int K, i64 row_bytes, int subs) {
@@ -433,7 +398,7 @@ dequant_subs_half(u16* y, float* tops, const u8* w, int K, i64 row_bytes, int su
     }
 }
 
-// y (T, N) from a GEMM of q8_to_f16's and dequant_rows_half's rows: each float32 sum times
+// y (T, N) from a GEMM of q8_to_f16's and dequant_subs_half's rows: each float32 sum times
 // 2^-(sx + sw), the shifts of x's row t and W's row n from their tops, then fl(y + b[n]) with
 // a bias, fl(r + y) with a residual. Grid (N / blockDim.x, T)
 __global__ void unscale_f32(float* y, const float* xtops, const float* wtops, const float* b,
