@@ -184,7 +184,7 @@ fi
 if [ "$stage" = fast ]; then  # the fast prefill kernel by kernel, a process a variant
   # (fourteenth session, H100: fast attention's G = 2, S = 1 (as before), S = 2, 4 and G = 1,
   # S = 4 (shipped), the weights a sub-block a thread (shipped), every product on float16)
-  fvariants=${VARIANTS:-"- FAST_ATTENTION_SPLIT=2 FAST_ATTENTION_SPLIT=3"}
+  fvariants=${VARIANTS:-"- GLU_UNSCALE_X4=1 FAST_ATTENTION_SPLIT=3"}
   for round in $(seq "${ROUNDS:-2}"); do
     for m in $models; do
       for variant in $fvariants; do
@@ -307,9 +307,13 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
     FAST_GEMM_MIN_ELEMENTS=0 -- -m parity conformance cuda --numerics fast &
   run conformance_fast_gemm_half python3 benchmarks/with_lowering.py FAST_GEMM=1 \
     FAST_GEMM_MIN_ELEMENTS=0 FAST_GEMM_HALF=1 -- -m parity conformance cuda --numerics fast &
+  # (fourteenth session, off: the float16 products' GLU four columns a thread)
+  run conformance_fast_glu4 python3 benchmarks/with_lowering.py FAST_GEMM=1 \
+    FAST_GEMM_MIN_ELEMENTS=0 GLU_UNSCALE_X4=1 -- -m parity conformance cuda --numerics fast \
+    -k fusion -k matmul_swiglu &
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
          conformance_fast_attention1 conformance_fast_attention2 conformance_fast_gemm
-         conformance_fast_gemm_half)
+         conformance_fast_gemm_half conformance_fast_glu4)
   # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
   if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
     files+=(conformance_triton)

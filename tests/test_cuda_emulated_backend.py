@@ -562,6 +562,42 @@ def _as_half_bits(y, want) -> tuple[list[int], list[int]]:
     return got.ravel().tolist(), exp.ravel().tolist()
 
 
+@pytest.mark.parametrize("act", [0, 1])
+def test_the_glu_four_columns_a_thread_gives_the_same_bits(act) -> None:
+    """glu_unscale_f32x4 (GLU_UNSCALE_X4) against glu_unscale_f32: the same unscaled gate and
+    up (kept), GLU and Q8A bits, special values included (NaN, inf, -0.0, a block of zeros,
+    tiny and huge sums), on rows of 160 (a warp's last 88 lanes past the row's end)."""
+    import numpy as np
+    import torch
+
+    from parity.backends.gpu.driver import pointer
+
+    rng = np.random.default_rng(3)
+    t, n = 3, 160
+    g0 = (rng.standard_normal((t, n)) * 2.0**20).astype(np.float32)
+    u0 = (rng.standard_normal((t, n)) * 2.0**18).astype(np.float32)
+    g0[0, 3], u0[0, 7], g0[1, 40], u0[1, 41], g0[2, 64:96] = np.nan, np.inf, -0.0, 1e-30, 0.0
+    u0[2, 64:96] = 0.0
+    xtops = torch.tensor([1.0, 2.0**-20, 3e30])
+    gtops = torch.from_numpy(np.exp2(rng.integers(-40, 40, n)).astype(np.float32))
+    utops = torch.from_numpy(np.exp2(rng.integers(-40, 40, n)).astype(np.float32))
+
+    def run(name: str, grid) -> list[bytes]:
+        g, u = torch.from_numpy(g0.copy()), torch.from_numpy(u0.copy())
+        y = torch.full((t, n), 7.0)
+        q = torch.full((t, n), 5, dtype=torch.int8)
+        qd, qs = torch.full((t, n // 32), 7.0), torch.full((t, n // 32), 7.0)
+        _launch_rows_kernel(f"{name}<{act}>", grid, (256, 1, 1),
+                            [pointer(y), pointer(q), pointer(qd), pointer(qs), pointer(g),
+                             pointer(u), pointer(xtops), pointer(gtops), pointer(utops), n,
+                             1])  # fmt: skip
+        return [x.numpy().tobytes() for x in (g, u, y, q, qd, qs)]
+
+    one, four = run("glu_unscale_f32", (1, t, 1)), run("glu_unscale_f32x4", (1, t, 1))
+    assert one == four
+    assert one[0] != g0.tobytes()  # (the gate unscaled and kept)
+
+
 def test_fast_float16_rows_of_x_are_its_values_scaled_and_rounded() -> None:
     """q8_to_f16: each row of x's values fl(q d) times 2^s, s = 15 - e for 128 max|d| = f 2^e
     (so every magnitude below 2^15), rounded to nearest even as numpy does: normal rows,

@@ -227,6 +227,10 @@ FAST_GEMM_MIN_ELEMENTS = 1 << 20  # ... and at least this many (H100, twelfth se
 # its FFN takes the path (FAST_GEMM_MIN_ELEMENTS); fourteenth, the weights dequantized a
 # sub-block a thread: Qwen's prefill 6.80 -> 6.25 ms, Gemma 3's 5.15 -> 4.98: on
 FAST_GEMM_HALF = True
+# ... gate's and up's sums unscaled, their GLU and its QUANTIZE four columns a thread (rows.cu's
+# glu_unscale_f32x4: 16-byte loads and stores, a Q8 block over 8 lanes) rather than one. Off
+# until a GPU has timed it
+GLU_UNSCALE_X4 = False
 HEADS_WIDTH_MAX = 1024  # ... (attention.cu's shared memory: 36 KiB of tiles, 4 KiB of q)
 NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs
 
@@ -1112,10 +1116,12 @@ class Lowering:
         utops = product(u, weights[1])
         quantize = q8 is not None and n % 32 == 0
         oq, od, os_ = self._q8_parts(q8 if quantize else None)
-        self._launch("rows.cu", f"glu_unscale_f32<{int(epi == EPI_GEGLU)}>", grid, (256, 1, 1),
-                     [pointer(out), pointer(oq), pointer(od), pointer(os_), pointer(g),
-                      pointer(u), pointer(xtops), pointer(gtops), pointer(utops), n,
-                      int(keep)])  # fmt: skip
+        x4 = "x4" if GLU_UNSCALE_X4 and n % 32 == 0 else ""
+        grid = (-(-n // (1024 if x4 else 256)), t, 1)
+        self._launch("rows.cu", f"glu_unscale_f32{x4}<{int(epi == EPI_GEGLU)}>", grid,
+                     (256, 1, 1), [pointer(out), pointer(oq), pointer(od), pointer(os_),
+                                   pointer(g), pointer(u), pointer(xtops), pointer(gtops),
+                                   pointer(utops), n, int(keep)])  # fmt: skip
         return flags, quantize
 
     def _argmax_of(self, i: int | None) -> int | None:

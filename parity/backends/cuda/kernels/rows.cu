@@ -436,6 +436,59 @@ __global__ void glu_unscale_f32(float* y, i8* q, float* qd, float* qs, float* g,
     if (q != nullptr) quantize_block(v, q + (i & ~(i64)31), qd + (i >> 5), qs + (i >> 5));
 }
 
+// glu_unscale_f32 four columns a thread (lowering.GLU_UNSCALE_X4; width a multiple of 32): the
+// loads and stores 16 bytes wide, a Q8 block the 8 lanes of an aligned group (its max and sum
+// over those 8, so the same bits as quantize_block's). Lanes past the row's end take part in
+// their group's shuffles only. Grid (ceil(width / (4 blockDim.x)), T)
+template <int ACT>
+__global__ void glu_unscale_f32x4(float* y, i8* q, float* qd, float* qs, float* g, float* u,
+                                  const float* xtops, const float* gtops, const float* utops,
+                                  int width, int keep) {
+    pdl_begin();
+    const int t = blockIdx.y, c = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
+    const bool in = c < width;
+    const i64 i = (i64)t * width + c;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (in) {
+        const int sx = half_shift(xtops[t]);
+        const float4 g4 = *reinterpret_cast<const float4*>(g + i);
+        const float4 u4 = *reinterpret_cast<const float4*>(u + i);
+        const float4 gt = *reinterpret_cast<const float4*>(gtops + c);
+        const float4 ut = *reinterpret_cast<const float4*>(utops + c);
+        const float gs[4] = {g4.x, g4.y, g4.z, g4.w}, us[4] = {u4.x, u4.y, u4.z, u4.w};
+        const float gts[4] = {gt.x, gt.y, gt.z, gt.w}, uts[4] = {ut.x, ut.y, ut.z, ut.w};
+        float gv[4], uv[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            gv[j] = scale_pow2(gs[j], -(sx + half_shift(gts[j])));
+            uv[j] = scale_pow2(us[j], -(sx + half_shift(uts[j])));
+            v[j] = __fmul_rn(ACT ? p_gelu(gv[j]) : p_silu(gv[j]), uv[j]);
+        }
+        if (keep) {
+            *reinterpret_cast<float4*>(g + i) = make_float4(gv[0], gv[1], gv[2], gv[3]);
+            *reinterpret_cast<float4*>(u + i) = make_float4(uv[0], uv[1], uv[2], uv[3]);
+        }
+        *reinterpret_cast<float4*>(y + i) = make_float4(v[0], v[1], v[2], v[3]);
+    }
+    if (q == nullptr) return;  // (for the whole launch)
+    float amax = max_nan(max_nan(fabsf(v[0]), fabsf(v[1])), max_nan(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+    for (int off = 1; off < 8; off <<= 1) amax = max_nan(amax, __shfl_xor_sync(FULL_MASK, amax, off));
+    const float d = __fdiv_rn(amax, 127.0f);
+    int qi[4], sum = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sum += qi[j] = quant_value(v[j], d);
+#pragma unroll
+    for (int off = 1; off < 8; off <<= 1) sum += __shfl_xor_sync(FULL_MASK, sum, off);
+    if (!in) return;
+    *reinterpret_cast<u32*>(q + i) =
+        (u32)(u8)qi[0] | ((u32)(u8)qi[1] << 8) | ((u32)(u8)qi[2] << 16) | ((u32)(u8)qi[3] << 24);
+    if ((threadIdx.x & 7) == 0) {
+        qd[i >> 5] = d;
+        qs[i >> 5] = __fmul_rn(d, (float)sum);
+    }
+}
+
 // ---- ARGMAX ----------------------------------------------------------------------------------------
 
 // grid (slices, rows): block (s, r) takes ARGMAX_SLICE elements of row r, all its loads issued at
