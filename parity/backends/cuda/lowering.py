@@ -196,8 +196,9 @@ FAST_ATTENTION = True
 # 512 tokens, 112 for Qwen: fewer than an H100's multiprocessors, the longest walking 16 tiles
 # while the shortest walk 2. On an H100: G = 2 beat 1 with S = 1 (twelfth session: SmolLM2
 # pp512 / pp4096 +7 / +27 %, Qwen +4 / +13 %); G = 1, S = 4 (two blocks a multiprocessor)
-# beat G = 2, S = 1 (fourteenth: the kernel 1,534 -> 898 us of SmolLM2's 512-token prefill,
-# 1,232 -> 911 of Qwen's; S = 2 to 6 and S = 4 with G = 2 between; docs/perf.md)
+# beat G = 2, S = 1 (fourteenth: the kernel 1,541 -> 897 us of SmolLM2's 512-token prefill,
+# 1,232 -> 913 of Qwen's; G = 2 with S = 2 or 4 slower than this; pp512 with G = 1 and S = 2,
+# 3 or 6 within 6 % of S = 4, SmolLM2's pp4096 8-10 % faster at 3 or 6: docs/perf.md)
 FAST_ATTENTION_GROUPS = 1
 FAST_ATTENTION_SPLIT = 4
 # a prefill's products of quantized weights under numerics = "fast" on the tensor cores: x's
