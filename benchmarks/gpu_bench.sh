@@ -41,9 +41,10 @@
 #                                        (flash decoding's switches) at POSITION (4000) in a
 #                                        cache of CTX (4352; 16640 for POSITION=16000)
 #   bash benchmarks/gpu_bench.sh fast    the fast prefill's VARIANTS (as `ab`'s; default:
-#                                        fast attention's blocks a head) against each
-#                                        other, ROUNDS (2) rounds
-#                                        alternated: a PREFILL_N-token (512) prefill under
+#                                        as shipped, the GLU a column a thread, fast
+#                                        attention over three blocks) against each other,
+#                                        ROUNDS (2) rounds alternated: a PREFILL_N-token
+#                                        (512) prefill under
 #                                        numerics = "fast" kernel by kernel, its time between
 #                                        events and its ten busiest kernels
 #   bash benchmarks/gpu_bench.sh deep    kernel by kernel deep in the cache (decode at 4000 and
@@ -183,8 +184,9 @@ if [ "$stage" = ab ]; then  # (about 17 s a model and variant a round: MODELS=on
 fi
 if [ "$stage" = fast ]; then  # the fast prefill kernel by kernel, a process a variant
   # (fourteenth session, H100: fast attention's G = 2, S = 1 (as before), S = 2, 4 and G = 1,
-  # S = 4 (shipped), the weights a sub-block a thread (shipped), every product on float16)
-  fvariants=${VARIANTS:-"- GLU_UNSCALE_X4=1 FAST_ATTENTION_SPLIT=3"}
+  # S = 4 (shipped), the weights a sub-block a thread (shipped), every product on float16;
+  # the GLU four columns a thread (shipped))
+  fvariants=${VARIANTS:-"- GLU_UNSCALE_X4=0 FAST_ATTENTION_SPLIT=3"}
   for round in $(seq "${ROUNDS:-2}"); do
     for m in $models; do
       for variant in $fvariants; do
@@ -307,13 +309,13 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
     FAST_GEMM_MIN_ELEMENTS=0 -- -m parity conformance cuda --numerics fast &
   run conformance_fast_gemm_half python3 benchmarks/with_lowering.py FAST_GEMM=1 \
     FAST_GEMM_MIN_ELEMENTS=0 FAST_GEMM_HALF=1 -- -m parity conformance cuda --numerics fast &
-  # (fourteenth session, off: the float16 products' GLU four columns a thread)
-  run conformance_fast_glu4 python3 benchmarks/with_lowering.py FAST_GEMM=1 \
-    FAST_GEMM_MIN_ELEMENTS=0 GLU_UNSCALE_X4=1 -- -m parity conformance cuda --numerics fast \
+  # (fourteenth session: the float16 products' GLU four columns a thread, on; one, here)
+  run conformance_fast_glu1 python3 benchmarks/with_lowering.py FAST_GEMM=1 \
+    FAST_GEMM_MIN_ELEMENTS=0 GLU_UNSCALE_X4=0 -- -m parity conformance cuda --numerics fast \
     -k fusion -k matmul_swiglu &
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
          conformance_fast_attention1 conformance_fast_attention2 conformance_fast_gemm
-         conformance_fast_gemm_half conformance_fast_glu4)
+         conformance_fast_gemm_half conformance_fast_glu1)
   # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
   if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
     files+=(conformance_triton)
