@@ -566,7 +566,8 @@ def _as_half_bits(y, want) -> tuple[list[int], list[int]]:
 def test_the_glu_four_columns_a_thread_gives_the_same_bits(act) -> None:
     """glu_unscale_f32x4 (GLU_UNSCALE_X4) against glu_unscale_f32: the same unscaled gate and
     up (kept), GLU and Q8A bits, special values included (NaN, inf, -0.0, a block of zeros,
-    tiny and huge sums), on rows of 160 (a warp's last 88 lanes past the row's end)."""
+    tiny and huge sums), on rows of 160 (the four-column form's second warp holds the row's
+    last 32 columns in 8 lanes, its 24 others past the end)."""
     import numpy as np
     import torch
 
@@ -659,7 +660,7 @@ def test_fast_float16_rows_of_a_weight_are_its_values_scaled_and_rounded(dtype) 
     from parity.quant.synthetic import random_weight
 
     qtype = DType[dtype]
-    rows, k = 6, 2304  # (three blocks a row, the last one a quarter full)
+    rows, k = 6, 2304  # (nine Q4_K super-blocks a row)
     raw = random_weight(qtype, (rows, k), np.random.default_rng(7), edge=True)
     scale_at = 208 if qtype is DType.Q6_K else 0  # (each block's first fp16 scale)
     blocks = raw.reshape(-1).view(np.uint8).reshape(-1, qtype.block_bytes)
@@ -790,7 +791,9 @@ def test_fast_attention_is_within_its_tier_in_the_emulator(
     the end) and one block a (head, 64 tokens) or more (FAST_ATTENTION_SPLIT, merged by the
     last to finish); under "exact" the exact kernels still, bit for bit. (Mutations caught:
     the V rows' order, no rescaling of the running sums, group 1's sums dropped or not
-    rescaled, a ticket not reset for the next launch.)"""
+    rescaled, a block's partial left out of the merge. A ticket not reset for the next launch:
+    test_a_tiny_model_under_fast_numerics_keeps_its_tiers_in_the_emulator, whose layers share
+    the tickets.)"""
     fast = numerics == "fast"
     launched = _judge_with(case, monkeypatch, numerics, "bound" if fast else "exact",
                            reverse=(groups, split) != (1, 1), FAST_ATTENTION_GROUPS=groups,

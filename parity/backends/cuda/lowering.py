@@ -198,7 +198,8 @@ FAST_ATTENTION = True
 # pp512 / pp4096 +7 / +27 %, Qwen +4 / +13 %); G = 1, S = 4 (two blocks a multiprocessor)
 # beat G = 2, S = 1 (fourteenth: the kernel 1,541 -> 897 us of SmolLM2's 512-token prefill,
 # 1,232 -> 913 of Qwen's; G = 2 with S = 2 or 4 slower than this; pp512 with G = 1 and S = 2,
-# 3 or 6 within 6 % of S = 4, SmolLM2's pp4096 8-10 % faster at 3 or 6: docs/perf.md)
+# 3 or 6 within 7 % of S = 4, SmolLM2's pp4096 8-10 % faster at 3 or 6: docs/perf.md). The
+# blocks' sums take scratch of 4.5 times the attention's output (8 MiB for Qwen's 512 tokens)
 FAST_ATTENTION_GROUPS = 1
 FAST_ATTENTION_SPLIT = 4
 # a prefill's products of quantized weights under numerics = "fast" on the tensor cores: x's
@@ -231,7 +232,8 @@ FAST_GEMM_HALF = True
 # ... gate's and up's sums unscaled, their GLU and its QUANTIZE four columns a thread (rows.cu's
 # glu_unscale_f32x4: 16-byte loads and stores, a Q8 block over 8 lanes) rather than one. H100,
 # fourteenth session: the kernel 600 -> 388 us of Qwen's 512-token prefill (6.02 -> 5.81 ms),
-# 210 -> 154 of Gemma 3's (5.04 -> 5.02 ms); fast conformance 0 FAIL: on
+# 210 -> 154 of Gemma 3's (5.04 -> 5.02 ms); fast conformance of the GLU cases with every
+# product on float16 0 FAIL, the same bits as one column in the emulator: on
 GLU_UNSCALE_X4 = True
 HEADS_WIDTH_MAX = 1024  # ... (attention.cu's shared memory: 36 KiB of tiles, 4 KiB of q)
 NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs

@@ -47,10 +47,12 @@ struct AttnArgs {
     i8* oq;  // when given, out is also quantized (the o-projection's Q8A x)
     float* od;
     float* os;
-    float* part;  // flash decoding: per (token, head, chunk) D + 1 floats (N_c then D_c)
+    float* part;  // flash decoding: per (token, head, chunk) D + 1 floats (N_c then D_c);
+                  // attention_fast split over blocks: each block's running sums (FAST_PART)
     float* pmax;  // flash decoding, many chunks: per (token, head, chunk) its scores' max
     float* scores;  // ... and its 256 scores; attention_tiles: the kept scores (or null)
-    int* tickets;  // flash decoding: per (token, head) a counter, zero between launches
+    int* tickets;  // flash decoding: per (token, head) a counter, zero between launches;
+                   // attention_fast: per (head, 64 tokens)
     int n_head, n_head_kv, n_ctx;
     int chunks_one_launch;  // flash decoding: attention_chunks alone up to this many chunks;
                             // attention_tiles: the chunks a block's share of scores holds

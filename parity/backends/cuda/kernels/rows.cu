@@ -271,7 +271,8 @@ __device__ __forceinline__ int half_shift(float top) {
 }
 
 // x 2^s rounded once, as scalbnf: a product by 2^s where that is a normal float (s in
-// -126 .. 127, every shift of one row), scalbnf beyond (the sums' two shifts together)
+// -126 .. 127: a row's shift unless its bound is below 2^-112), scalbnf beyond (such rows, and
+// the sums' two shifts together)
 __device__ __forceinline__ float scale_pow2(float x, int s) {
     return s >= -126 && s <= 127 ? __fmul_rn(x, __int_as_float((127 + s) << 23)) : scalbnf(x, s);
 }
