@@ -1016,11 +1016,12 @@ __global__ void __launch_bounds__(CHUNK, D == 128 ? 1 : 2) attention_tiles(AttnA
 // S G ways: walker s G + k takes tiles s G + k, + S G, ..; each block writes its running max,
 // sums and rows to a.part, and the last of the S to finish (a ticket in a.tickets, reset for
 // the next launch) merges the S in their order: the bits do not depend on which finished
-// first. Scores and the weighted values are m16n8k8 TF32 products, each operand split in two (hi + lo, three
-// products: about float32's accuracy, as the triton backend's "tf32x3"); the running max and
-// sum rescaled with the project's exp; one division at the end. A tile's K and V rows are
-// split once into shared memory for the four warps, and the next tile's loaded into registers
-// while this one's products run; the blocks of the latest tokens (the most tiles) go first.
+// first. Scores and the weighted values are m16n8k8 TF32 products, each operand split in two
+// (hi + lo, three products: about float32's accuracy, as the triton backend's "tf32x3"); the
+// running max and sum rescaled with the project's exp; one division at the end. A tile's K and
+// V rows are split once into shared memory for the four warps, and the next tile's loaded into
+// registers while this one's products run; the blocks of the latest tokens (the most tiles) go
+// first.
 // Slots outside a token's window lo .. p weigh +0.0, and rows no token of the block sees are
 // never loaded. The weights go from the scores' accumulator layout (columns 2t, 2t + 1 of each
 // 8 slots) to the second product's A operand (columns t, t + 4) with the slots in the order
