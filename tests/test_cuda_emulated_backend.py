@@ -779,6 +779,9 @@ FAST_ATTENTION_CASES = [
 @pytest.mark.parametrize("case, numerics, groups, split", [
     *((case, "fast", *form) for form in ((1, 4), (2, 3)) for case in FAST_ATTENTION_CASES),
     *((case, "fast", 1, 1) for case in FAST_ATTENTION_CASES[-2:]),
+    # heads of 256: four warps a token's columns, one group a block (two asked: one)
+    ("attention-plain-window64-4x1x256-p200-t40", "fast", 2, 3),
+    ("attention-window100-4x1x256-p0-t300", "fast", 1, 4),
     (FAST_ATTENTION_CASES[-1], "exact", 1, 1),
 ])  # fmt: skip
 def test_fast_attention_is_within_its_tier_in_the_emulator(
@@ -797,6 +800,7 @@ def test_fast_attention_is_within_its_tier_in_the_emulator(
     fast = numerics == "fast"
     launched = _judge_with(case, monkeypatch, numerics, "bound" if fast else "exact",
                            reverse=(groups, split) != (1, 1), FAST_ATTENTION_GROUPS=groups,
-                           FAST_ATTENTION_SPLIT=split)  # fmt: skip
+                           FAST_ATTENTION_SPLIT=split, FAST_ATTENTION_WIDE=True)  # fmt: skip
     launched = [name for name, _ in launched]
-    assert (f"attention_fast<64, {groups}>" in launched) == fast, launched
+    d = int(case.split("-")[-3].split("x")[-1])  # (heads of 256: one group a block)
+    assert (f"attention_fast<{d}, {groups if d == 64 else 1}>" in launched) == fast, launched

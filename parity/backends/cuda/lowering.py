@@ -183,9 +183,9 @@ FOLD_BATCH = 1
 # depth 16,384 gives 128 blocks a layer, not 896 (H = 2 .. GQA_HEADS_MAX heads whose q and
 # sums fit, HEADS_WIDTH_MAX floats). 0: a block a head. Until a GPU times it: 0
 HEADS_TOGETHER_CHUNKS = {64: 0, 128: 0, 256: 0}
-# a prefill's attention under numerics = "fast" (heads of 64) as flash attention on the tensor
-# cores (attention.cu's attention_fast: TF32 products of split operands, an online softmax),
-# where the exact kernels make every score and weight on the float pipes. On an H100
+# a prefill's attention under numerics = "fast" (heads of 64; of 256 below) as flash attention
+# on the tensor cores (attention.cu's attention_fast: TF32 products of split operands, an online
+# softmax), where the exact kernels make every score and weight on the float pipes. On an H100
 # (docs/perf.md, eleventh session; prompts go in chunks of 512 tokens) it wins 3-6 % for Qwen
 # at 512 and 1,024 tokens and 22-24 % at 4,096, 4-7 % for SmolLM2 at 4,096, and loses 2-3 % of
 # SmolLM2's 512 and 1,024 (a block of 64 tokens a multiprocessor there, latency bound): on
@@ -202,6 +202,12 @@ FAST_ATTENTION = True
 # blocks' sums take scratch of 4.5 times the attention's output (8 MiB for Qwen's 512 tokens)
 FAST_ATTENTION_GROUPS = 1
 FAST_ATTENTION_SPLIT = 4
+# ... and for heads of 256 (Gemma 3), whose q and output rows do not fit a warp's registers:
+# four warps on 16 tokens, a quarter of the columns each, their partial scores summed through
+# shared memory in the quarters' order; one group a block, tiles of 16 slots. Without it, the
+# exact attention_tiles<256>: 2,040 us of the 4,573 us busy in Gemma 3's 512-token fast prefill
+# on an H100 (fourteenth session). Until a GPU times it: off
+FAST_ATTENTION_WIDE = False
 # a prefill's products of quantized weights under numerics = "fast" on the tensor cores: x's
 # Q8A values and dequantize(W) into scratch (W: every call, no copy kept; float16 rows scaled
 # by powers of two with FAST_GEMM_HALF, float32 for TF32 without), cuBLAS's GEMM through torch
@@ -289,12 +295,22 @@ def tile_tokens(t: int, heads: int, n_head_kv: int, d: int = 64) -> int:
     return max(1, min(tile_rows(d) // heads, TILE_TOKENS, t * n_head_kv // TILE_BLOCKS))
 
 
-def fast_attention_shared(groups: int) -> int:
+def fast_attention_tokens(d: int) -> int:
+    """attention_fast's tokens a block for heads of ``d`` (attention.cu's FAST_TB): four warps
+    of 16 tokens with heads of 64, four warps on a quarter of the same 16 tokens' columns each
+    with heads of 256."""
+    return 16 * 4 // (d // 64)
+
+
+def fast_attention_shared(d: int, groups: int) -> int:
     """attention_fast's dynamic shared memory (attention.cu's FAST_SHARED): each group's tile
-    of 32 cache slots, K and V split in hi and lo, rows of 64 + 4 words."""
+    of cache slots (32 with heads of 64, 16 with heads of 256), K and V split in hi and lo,
+    rows of ``d`` + 4 words; with heads of 256 the four warps' partial scores."""
     if groups not in (1, 2):
         raise ValueError(f"FAST_ATTENTION_GROUPS is {groups!r}; attention_fast takes 1 or 2")
-    return groups * 4 * 32 * (64 + 4) * 4
+    slots = 32 if d == 64 else 16
+    partial = 0 if d == 64 else 4 * slots // 2 * 32
+    return (groups * 4 * slots * (d + 4) + partial) * 4
 
 
 def tiles_shared(rows: int, d: int) -> int:
@@ -817,18 +833,20 @@ class Lowering:
         a.window = arg.window
         chunks = -(-n_ctx // 256)
         seen = chunks if not arg.window else min(chunks, -(-(arg.window - 1) // 256) + 1)
-        if self.fast and FAST_ATTENTION and t > SPLIT_TOKENS and d == 64:
+        flash = d == 64 or (d == 256 and FAST_ATTENTION_WIDE)  # (attention_fast's heads)
+        if self.fast and FAST_ATTENTION and t > SPLIT_TOKENS and flash:
             a.oq = a.od = a.os = None  # (its QUANTIZE: a launch of its own)
             a.n_tokens = t
-            groups, split, blocks = FAST_ATTENTION_GROUPS, FAST_ATTENTION_SPLIT, -(-t // 64)
-            if split > 1:  # each block's sums (36 floats a thread), a ticket a (head, 64 tokens)
+            groups = FAST_ATTENTION_GROUPS if d == 64 else 1  # (heads of 256: one group)
+            split, blocks = FAST_ATTENTION_SPLIT, -(-t // fast_attention_tokens(d))
+            if split > 1:  # each block's sums (36 floats a thread), a ticket a (head, block)
                 part = self._shared_scratch("fast_part", DType.F32,
                                             arg.n_head * blocks * split * 36 * 128)  # fmt: skip
                 tickets = self._shared_scratch("fast_tickets", DType.I32, arg.n_head * blocks)
                 a.part, a.tickets = part.data_ptr(), tickets.data_ptr()
             self._launch("attention.cu", f"attention_fast<{d}, {groups}>",
                          (arg.n_head * split, blocks, 1), (128 * groups, 1, 1), [a],
-                         fast_attention_shared(groups))  # fmt: skip
+                         fast_attention_shared(d, groups))  # fmt: skip
             return
         if t <= SPLIT_TOKENS:  # flash decoding: a block a (head, token, chunk)
             th = t * arg.n_head

@@ -52,7 +52,7 @@ struct AttnArgs {
     float* pmax;  // flash decoding, many chunks: per (token, head, chunk) its scores' max
     float* scores;  // ... and its 256 scores; attention_tiles: the kept scores (or null)
     int* tickets;  // flash decoding: per (token, head) a counter, zero between launches;
-                   // attention_fast: per (head, 64 tokens)
+                   // attention_fast: per (head, FAST_TB tokens)
     int n_head, n_head_kv, n_ctx;
     int chunks_one_launch;  // flash decoding: attention_chunks alone up to this many chunks;
                             // attention_tiles: the chunks a block's share of scores holds
@@ -1007,30 +1007,38 @@ __global__ void __launch_bounds__(CHUNK, D == 128 ? 1 : 2) attention_tiles(AttnA
 // ---- prefill in fast numerics: flash attention on the tensor cores -----------------------------
 //
 // attention_fast<D>: ATTENTION under numerics = "fast" (docs/numerics.md's budget: an online
-// softmax, any order), for a prefill. Grid (n_head, ceil(T / 64)), G groups of 128 threads:
-// warp w of each group takes the 16 tokens t0 + 16 w .. of head h, and group k walks tiles k,
-// k + G, .. of the cache (FAST_BN slots a tile) from the lowest window start of the block's
-// tokens to their highest position; group 1's running sums are merged into group 0's at the
-// end (G = 2: half the walk for the longest blocks, when a prompt's blocks do not fill the
-// GPU). With S blocks a (head, 64 tokens), grid (n_head S, ceil(T / 64)), the walk is split
-// S G ways: walker s G + k takes tiles s G + k, + S G, ..; each block writes its running max,
-// sums and rows to a.part, and the last of the S to finish (a ticket in a.tickets, reset for
-// the next launch) merges the S in their order: the bits do not depend on which finished
-// first. Scores and the weighted values are m16n8k8 TF32 products, each operand split in two
-// (hi + lo, three products: about float32's accuracy, as the triton backend's "tf32x3"); the
-// running max and sum rescaled with the project's exp; one division at the end. A tile's K and
-// V rows are split once into shared memory for the four warps, and the next tile's loaded into
-// registers while this one's products run; the blocks of the latest tokens (the most tiles) go
-// first.
+// softmax, any order), for a prefill. Grid (n_head, ceil(T / FAST_TB(D))), G groups of 128
+// threads. Each warp takes 16 tokens and a slice of 64 of the head's D columns: warp w of a
+// group takes tokens t0 + 16 (w / DW) .. and columns 64 (w % DW) .., DW = D / 64 (heads of 64:
+// four warps of 16 tokens, a block 64 tokens; heads of 256: four warps on the same 16 tokens,
+// a quarter of the columns each, whose partial scores are summed through shared memory in the
+// slices' order, so every warp of the 16 tokens holds the same scores and weights). Group k
+// walks tiles k, k + G, .. of the cache (FAST_BN(D) slots a tile) from the lowest window start
+// of the block's tokens to their highest position; group 1's running sums are merged into
+// group 0's at the end (G = 2, heads of 64 only: half the walk for the longest blocks, when a
+// prompt's blocks do not fill the GPU). With S blocks a (head, FAST_TB tokens), grid (n_head
+// S, ceil(T / FAST_TB)), the walk is split S G ways: walker s G + k takes tiles s G + k, + S G,
+// ..; each block writes its running max, sums and rows to a.part, and the last of the S to
+// finish (a ticket in a.tickets, reset for the next launch) merges the S in their order: the
+// bits do not depend on which finished first. Scores and the weighted values are m16n8k8 TF32
+// products, each operand split in two (hi + lo, three products: about float32's accuracy, as
+// the triton backend's "tf32x3"); the running max and sum rescaled with the project's exp; one
+// division at the end. A tile's K and V rows are split once into shared memory for the warps,
+// and the next tile's loaded into registers while this one's products run; the blocks of the
+// latest tokens (the most tiles) go first.
 // Slots outside a token's window lo .. p weigh +0.0, and rows no token of the block sees are
 // never loaded. The weights go from the scores' accumulator layout (columns 2t, 2t + 1 of each
 // 8 slots) to the second product's A operand (columns t, t + 4) with the slots in the order
 // 0, 2, 4, 6, 1, 3, 5, 7, and the V rows read in that order: no shuffle.
-#define FAST_BN 32  // cache slots a tile
-#define FAST_ROW (64 + 4)  // words a shared row of K or V (heads of 64): conflict-free reads
-#define FAST_TILE (FAST_BN * FAST_ROW)  // words of a tile's K or V, hi or lo
-// dynamic shared memory of attention_fast<64, G>, bytes: each group's tile (K and V, hi and lo)
-#define FAST_SHARED(G) ((G) * 4 * FAST_TILE * 4)
+#define FAST_BN(D) ((D) == 64 ? 32 : 16)  // cache slots a tile (the next one's in registers)
+#define FAST_ROW(D) ((D) + 4)  // words a shared row of K or V: conflict-free fragment reads
+#define FAST_TILE(D) (FAST_BN(D) * FAST_ROW(D))  // words of a tile's K or V, hi or lo
+#define FAST_TB(D) (16 * 4 / ((D) / 64))  // tokens a block
+// a block's partial scores (heads over 64: 4 warps' FAST_BN / 2 floats a lane), words
+#define FAST_XS(D) ((D) == 64 ? 0 : 4 * FAST_BN(D) / 2 * 32)
+// dynamic shared memory of attention_fast<D, G>, bytes: each group's tile (K and V, hi and lo)
+// and the partial scores
+#define FAST_SHARED(D, G) (((G) * 4 * FAST_TILE(D) + FAST_XS(D)) * 4)
 
 __device__ __forceinline__ u32 to_tf32(float x) {
 #ifdef PARITY_EMULATOR
@@ -1098,41 +1106,45 @@ __device__ __forceinline__ void fast_merge(float (&m)[2], float (&l)[2], float (
 template <int D, int G>
 __global__ void __launch_bounds__(128 * G) attention_fast(AttnArgs a) {
     pdl_begin();
-    static_assert(D == 64, "heads of 64 (the q fragments stay in registers)");
-    static_assert(G == 1 || G == 2, "one or two groups of four warps");
-    constexpr int KS = D / 8;  // k-steps of a score, n-tiles of an output row
-    extern __shared__ __align__(16) u32 fast_smem[];  // FAST_SHARED(G) bytes
-    __shared__ int ps[64], los[64], last;
+    static_assert(D == 64 || D == 256, "heads of 64 or 256");
+    static_assert(G == 1 || (G == 2 && D == 64), "one or two groups of four warps (two: 64)");
+    // DW warps a token's columns (a slice of 64 each), TB tokens a block; BN cache slots a tile
+    constexpr int DW = D / 64, TB = FAST_TB(D), BN = FAST_BN(D), ROW = FAST_ROW(D);
+    constexpr int TILE = FAST_TILE(D), KS = 8;  // k-steps of a score's slice, n-tiles of a row's
+    extern __shared__ __align__(16) u32 fast_smem[];  // FAST_SHARED(D, G) bytes
+    __shared__ int ps[TB], los[TB], last;
     // the latest tokens first: their blocks walk the most tiles, the short ones fill the tail
     const int S = gridDim.x / a.n_head, h = blockIdx.x / S, seg = blockIdx.x % S;
-    const int blk = gridDim.y - 1 - blockIdx.y, t0 = blk * 64;
+    const int blk = gridDim.y - 1 - blockIdx.y, t0 = blk * TB;
     const int group = threadIdx.x >> 7, tid = threadIdx.x & 127;  // (tid: within the group)
     const int walker = seg * G + group, W = S * G;  // (W walkers a (head, 64 tokens))
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    u32* kh = fast_smem + group * 4 * FAST_TILE;  // this group's tile, split
-    u32* kl = kh + FAST_TILE;
-    u32* vh = kl + FAST_TILE;
-    u32* vl = vh + FAST_TILE;
+    const int slice = 64 * (warp % DW);  // this warp's first column
+    u32* kh = fast_smem + group * 4 * TILE;  // this group's tile, split
+    u32* kl = kh + TILE;
+    u32* vh = kl + TILE;
+    u32* vl = vh + TILE;
+    float* xs = reinterpret_cast<float*>(fast_smem + 4 * TILE) + lane;  // (DW > 1: G is 1)
     const int kv = h / (a.n_head / a.n_head_kv);
     const int width = a.n_head_kv * D, qwidth = a.n_head * D;
     const float* kbase = a.k + kv * D;
     const float* vbase = a.v + kv * D;
-    if (threadIdx.x < 64) {  // (tokens past the last: the last token's, not stored)
+    if (threadIdx.x < TB) {  // (tokens past the last: the last token's, not stored)
         const int t = min(t0 + (int)threadIdx.x, a.n_tokens - 1);
         ps[threadIdx.x] = a.positions[t];
         los[threadIdx.x] = window_lo(a, ps[threadIdx.x]);
     }
     __syncthreads();
     int first = los[0], end = ps[0];
-    for (int i = 1; i < 64; ++i) {
+    for (int i = 1; i < TB; ++i) {
         first = min(first, los[i]);
         end = max(end, ps[i]);
     }
     // this thread's two rows (tokens) of its warp's 16: r (g) and r + 8
-    const int r0 = 16 * warp + g, r1 = r0 + 8;
+    const int r0 = 16 * (warp / DW) + g, r1 = r0 + 8;
     const int p0 = ps[r0], p1 = ps[r1], lo0 = los[r0], lo1 = los[r1];
-    const i64 q0 = (i64)min(t0 + r0, a.n_tokens - 1) * qwidth + h * D;
-    const i64 q1 = (i64)min(t0 + r1, a.n_tokens - 1) * qwidth + h * D;
+    const i64 q0 = (i64)min(t0 + r0, a.n_tokens - 1) * qwidth + h * D + slice;
+    const i64 q1 = (i64)min(t0 + r1, a.n_tokens - 1) * qwidth + h * D + slice;
     u32 qh[KS][4], ql[KS][4];  // A fragments: (r0, 8s + c), (r1, 8s + c), (r0, +4), (r1, +4)
 #pragma unroll
     for (int s = 0; s < KS; ++s) {
@@ -1147,7 +1159,7 @@ __global__ void __launch_bounds__(128 * G) attention_fast(AttnArgs a) {
     for (int n = 0; n < KS; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {NEG, NEG}, l[2] = {0.0f, 0.0f};  // running max and this thread's share of the sum
     // the tile's K and V rows in registers, four columns a load (FAST_LOADS loads a thread)
-    constexpr int FAST_LOADS = FAST_BN * D / (4 * 128);
+    constexpr int FAST_LOADS = BN * D / (4 * 128);
     float4 kx[FAST_LOADS], vx[FAST_LOADS];
     const auto fetch = [&](int j0) {
 #pragma unroll
@@ -1162,15 +1174,15 @@ __global__ void __launch_bounds__(128 * G) attention_fast(AttnArgs a) {
     };
     // walker w takes tiles w, w + W, ..: every group makes the same number of rounds (each with
     // the block's barriers), a group past the last tile loads zeros and skips the products
-    const int j_first = first / FAST_BN * FAST_BN;
-    const int rounds = ((end - j_first) / FAST_BN + W) / W;
-    fetch(j_first + walker * FAST_BN);
+    const int j_first = first / BN * BN;
+    const int rounds = ((end - j_first) / BN + W) / W;
+    fetch(j_first + walker * BN);
     for (int round = 0; round < rounds; ++round) {
-        const int j0 = j_first + (round * W + walker) * FAST_BN;
+        const int j0 = j_first + (round * W + walker) * BN;
         __syncthreads();  // (the previous tile's readers are done)
 #pragma unroll
         for (int i = 0; i < FAST_LOADS; ++i) {
-            const int e = 4 * (tid + 128 * i), at = e / D * FAST_ROW + e % D;
+            const int e = 4 * (tid + 128 * i), at = e / D * ROW + e % D;
             const float ks[4] = {kx[i].x, kx[i].y, kx[i].z, kx[i].w};
             const float vs[4] = {vx[i].x, vx[i].y, vx[i].z, vx[i].w};
 #pragma unroll
@@ -1180,24 +1192,41 @@ __global__ void __launch_bounds__(128 * G) attention_fast(AttnArgs a) {
             }
         }
         __syncthreads();
-        if (j0 + W * FAST_BN <= end) fetch(j0 + W * FAST_BN);  // the next, in flight meanwhile
+        if (j0 + W * BN <= end) fetch(j0 + W * BN);  // the next, in flight meanwhile
         if (j0 > end) continue;  // (this group's rounds are done; the barriers are not)
         // scores of slots j0 + 8 n + 2 c + {0, 1} for rows r0 (sc[n][0..1]) and r1 ([2..3])
-        float sc[FAST_BN / 8][4];
+        float sc[BN / 8][4];
 #pragma unroll
-        for (int n = 0; n < FAST_BN / 8; ++n) {
+        for (int n = 0; n < BN / 8; ++n) {
             sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
 #pragma unroll
             for (int s = 0; s < KS; ++s) {  // B: K row 8 n + g, columns 8 s + c and + 4
-                const int at = (8 * n + g) * FAST_ROW + 8 * s + c;
+                const int at = (8 * n + g) * ROW + slice + 8 * s + c;
                 const u32 bh[2] = {kh[at], kh[at + 4]}, bl[2] = {kl[at], kl[at + 4]};
                 mma_3xtf32(sc[n], qh[s], ql[s], bh, bl);
             }
         }
+        if constexpr (DW > 1) {  // the slices' partial scores summed in their order, every warp
+#pragma unroll
+            for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) xs[32 * (4 * (BN / 8 * warp + n) + i)] = sc[n][i];
+            __syncthreads();  // (the next round's first barrier keeps the reads before its writes)
+            const int w0 = warp / DW * DW;  // the first warp of these tokens
+#pragma unroll
+            for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    float sum = xs[32 * (4 * (BN / 8 * w0 + n) + i)];
+#pragma unroll
+                    for (int w = 1; w < DW; ++w) sum += xs[32 * (4 * (BN / 8 * (w0 + w) + n) + i)];
+                    sc[n][i] = sum;
+                }
+        }
         // the online softmax, row by row (a row's 32 slots lie in the 4 threads of a group)
         float mt[2] = {NEG, NEG};
 #pragma unroll
-        for (int n = 0; n < FAST_BN / 8; ++n) {
+        for (int n = 0; n < BN / 8; ++n) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int j = j0 + 8 * n + 2 * c + (i & 1), r = i >> 1;
@@ -1217,7 +1246,7 @@ __global__ void __launch_bounds__(128 * G) attention_fast(AttnArgs a) {
             l[r] *= alpha[r];
         }
 #pragma unroll
-        for (int n = 0; n < FAST_BN / 8; ++n) {
+        for (int n = 0; n < BN / 8; ++n) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int r = i >> 1;
@@ -1234,7 +1263,7 @@ __global__ void __launch_bounds__(128 * G) attention_fast(AttnArgs a) {
         }
         // o += w V: k-step n takes slots 8 n .. 8 n + 7 as columns c -> 2 c and c + 4 -> 2 c + 1
 #pragma unroll
-        for (int n = 0; n < FAST_BN / 8; ++n) {
+        for (int n = 0; n < BN / 8; ++n) {
             u32 wh[4], wl[4];
             split_tf32(sc[n][0], wh[0], wl[0]);  // (r0, slot 2 c)
             split_tf32(sc[n][2], wh[1], wl[1]);  // (r1, slot 2 c)
@@ -1242,9 +1271,9 @@ __global__ void __launch_bounds__(128 * G) attention_fast(AttnArgs a) {
             split_tf32(sc[n][3], wh[3], wl[3]);  // (r1, slot 2 c + 1)
 #pragma unroll
             for (int d = 0; d < KS; ++d) {  // B: V rows 8 n + 2 c and + 1, column 8 d + g
-                const int at = (8 * n + 2 * c) * FAST_ROW + 8 * d + g;
-                const u32 bh[2] = {vh[at], vh[at + FAST_ROW]};
-                const u32 bl[2] = {vl[at], vl[at + FAST_ROW]};
+                const int at = (8 * n + 2 * c) * ROW + slice + 8 * d + g;
+                const u32 bh[2] = {vh[at], vh[at + ROW]};
+                const u32 bl[2] = {vl[at], vl[at + ROW]};
                 mma_3xtf32(o[d], wh, wl, bh, bl);
             }
         }
@@ -1295,7 +1324,7 @@ __global__ void __launch_bounds__(128 * G) attention_fast(AttnArgs a) {
     const int ta = t0 + r0, tb = t0 + r1;
 #pragma unroll
     for (int n = 0; n < KS; ++n) {
-        const int col = h * D + 8 * n + 2 * c;
+        const int col = h * D + slice + 8 * n + 2 * c;
         if (ta < a.n_tokens) {
             a.out[(i64)ta * qwidth + col] = o[n][0] / l[0];
             a.out[(i64)ta * qwidth + col + 1] = o[n][1] / l[0];
