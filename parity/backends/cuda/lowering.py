@@ -204,10 +204,11 @@ FAST_ATTENTION_GROUPS = 1
 FAST_ATTENTION_SPLIT = 4
 # ... and for heads of 256 (Gemma 3), whose q and output rows do not fit a warp's registers:
 # four warps on 16 tokens, a quarter of the columns each, their partial scores summed through
-# shared memory in the quarters' order; one group a block, tiles of 16 slots. Without it, the
-# exact attention_tiles<256>: 2,040 us of the 4,573 us busy in Gemma 3's 512-token fast prefill
-# on an H100 (fourteenth session). Until a GPU times it: off
-FAST_ATTENTION_WIDE = False
+# shared memory in the quarters' order; one group a block, tiles of 16 slots. On an H100
+# (fifteenth session) it took Gemma 3's 512-token fast prefill from the exact
+# attention_tiles<256> (2,048-2,060 us of 4,534-4,573 busy) to 1,049-1,058 us (3,600 busy):
+# pp512 1.39x -> 1.72x llama.cpp, pp4096 1.18x -> 1.50x; S = 4 beat S = 2 and 8 (1,345, 1,295)
+FAST_ATTENTION_WIDE = True
 # a prefill's products of quantized weights under numerics = "fast" on the tensor cores: x's
 # Q8A values and dequantize(W) into scratch (W: every call, no copy kept; float16 rows scaled
 # by powers of two with FAST_GEMM_HALF, float32 for TF32 without), cuBLAS's GEMM through torch
