@@ -779,7 +779,8 @@ FAST_ATTENTION_CASES = [
 @pytest.mark.parametrize("case, numerics, groups, split", [
     *((case, "fast", *form) for form in ((1, 4), (2, 3)) for case in FAST_ATTENTION_CASES),
     *((case, "fast", 1, 1) for case in FAST_ATTENTION_CASES[-2:]),
-    # heads of 256: four warps a token's columns, one group a block (two asked: one)
+    # heads of 256: four warps a token's columns, one group a block (two asked: one); the
+    # special values once (the one such prefill of the kit, about 30 s here)
     ("attention-plain-window64-4x1x256-p200-t40", "fast", 2, 3),
     ("attention-window100-4x1x256-p0-t300", "fast", 1, 4),
     (FAST_ATTENTION_CASES[-1], "exact", 1, 1),
