@@ -44,9 +44,9 @@
 #                                        as shipped, the GLU a column a thread, fast
 #                                        attention over three blocks) against each other,
 #                                        ROUNDS (2) rounds alternated: a PREFILL_N-token
-#                                        (512) prefill under
-#                                        numerics = "fast" kernel by kernel, its time between
-#                                        events and its ten busiest kernels
+#                                        (512) prefill under numerics = NUMERICS ("fast")
+#                                        kernel by kernel, its time between events and its
+#                                        ten busiest kernels
 #   bash benchmarks/gpu_bench.sh deep    kernel by kernel deep in the cache (decode at 4000 and
 #                                        16000, 8000 for SmolLM2) and the 4096-token prefill,
 #                                        with PDL on and off (the table's weakest columns)
@@ -193,7 +193,7 @@ if [ "$stage" = fast ]; then  # the fast prefill kernel by kernel, a process a v
         echo "== round $round $m $variant"
         [ "$variant" = - ] && variant=
         timeout 90 python3 benchmarks/with_lowering.py ${variant//,/ } -- \
-          benchmarks/bench_gpu_steps.py /tmp/$m.gguf --numerics fast --ctx 4352 \
+          benchmarks/bench_gpu_steps.py /tmp/$m.gguf --numerics "${NUMERICS:-fast}" --ctx 4352 \
           --prefill "${PREFILL_N:-512}" --runs 20 --profile > /tmp/fast_run.txt 2>&1
         python3 - /tmp/fast_run.txt <<'PY'
 import json, sys
