@@ -169,6 +169,10 @@ KERNELS = [
     ("attention.cu", "attention_rows_gqa<256, 4>"),
     *(("attention.cu", f"attention_tiles<{d}>") for d in (64, 128, 256)),
     *(("attention.cu", f"attention_tiles<{d}, true>") for d in (64, 128, 256)),  # kept scores
+    *(
+        ("attention.cu", f"attention_fast<{form}>")  # (numerics = "fast": prefill attention)
+        for form in ("64, 1", "64, 2", "256, 1", "64, 1, true", "256, 1, true")
+    ),
 ]
 
 

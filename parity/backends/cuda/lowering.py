@@ -209,6 +209,11 @@ FAST_ATTENTION_SPLIT = 4
 # attention_tiles<256> (2,048-2,060 us of 4,534-4,573 busy) to 1,049-1,058 us (3,600 busy):
 # pp512 1.39x -> 1.72x llama.cpp, pp4096 1.18x -> 1.50x; S = 4 beat S = 2 and 8 (1,345, 1,295)
 FAST_ATTENTION_WIDE = True
+# ... and its tiles' split words stored 16 bytes at a time (attention.cu's V4), where one word
+# a store put four lanes on a bank (a read-only review's count: about 512 of a warp's store
+# wavefronts a round for heads of 256, against 96 products). The same values. Until a GPU
+# times it: off
+FAST_ATTENTION_V4 = False
 # a prefill's products of quantized weights under numerics = "fast" on the tensor cores: x's
 # Q8A values and dequantize(W) into scratch (W: every call, no copy kept; float16 rows scaled
 # by powers of two with FAST_GEMM_HALF, float32 for TF32 without), cuBLAS's GEMM through torch
@@ -845,7 +850,8 @@ class Lowering:
                                             arg.n_head * blocks * split * 36 * 128)  # fmt: skip
                 tickets = self._shared_scratch("fast_tickets", DType.I32, arg.n_head * blocks)
                 a.part, a.tickets = part.data_ptr(), tickets.data_ptr()
-            self._launch("attention.cu", f"attention_fast<{d}, {groups}>",
+            v4 = ", true" if FAST_ATTENTION_V4 else ""
+            self._launch("attention.cu", f"attention_fast<{d}, {groups}{v4}>",
                          (arg.n_head * split, blocks, 1), (128 * groups, 1, 1), [a],
                          fast_attention_shared(d, groups))  # fmt: skip
             return
