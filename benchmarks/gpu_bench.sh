@@ -121,8 +121,9 @@ if [ "${DEEP:-0}" = 1 ]; then  # flash decoding's switches, deep in the cache
 else
   # (tenth session, H100, one switch a variant: the prefill's norms, q/k/v and Gemma 3's GLU
   # adopted, docs/perf.md; eleventh: the decode norms a row a warp, the GEMM's 64-token blocks
-  # by type and the decode norms' block of 256 threads all lost; next: the blocks by depth)
-  variants=${VARIANTS:-"- MMA_DEEP_K=4096"}
+  # by type and the decode norms' block of 256 threads all lost; fifteenth: the blocks by depth
+  # won, MMA_DEEP_K=4096 shipped)
+  variants=${VARIANTS:-"- MMA_DEEP_K=0"}
 fi
 if [ "$stage" = candidates ]; then
   (bash .peer/llamacpp-cuda.sh build > /tmp/lcpp_build.txt 2>&1; echo "build rc $?" >> /tmp/lcpp_build.txt) &

@@ -504,16 +504,6 @@ def test_a_tiny_model_under_fast_numerics_keeps_its_tiers_in_the_emulator(
     assert bool(launched["q8_to_f16" if half else "q8_to_f32"]) == products, launched
 
 
-@pytest.mark.parametrize("case", ["attention-window7-9x3x64-p250-t20",
-                                  "attention-plain-window64-4x1x256-p200-t40"])  # fmt: skip
-def test_fast_attention_storing_16_bytes_is_within_its_tier_in_the_emulator(case, monkeypatch):
-    """FAST_ATTENTION_V4: attention_fast's tiles stored 16 bytes at a time, heads of 64 and
-    256, the emulator's threads in reverse order."""
-    launched = _judge_with(case, monkeypatch, "fast", "bound", reverse=True,
-                           FAST_ATTENTION_V4=True)  # fmt: skip
-    assert any(n.startswith("attention_fast<") and n.endswith(", true>") for n, _ in launched)
-
-
 # a prefill's products of quantized weights under FAST_GEMM: x's row 0 holding +-1e30 (flagged:
 # its tile recomputed by gemm_mma; without that the SWIGLU case fails, a sign the float sums
 # got wrong where the integer ones cancel exactly), a residual, gate/up with SWIGLU and GEGLU

@@ -171,7 +171,7 @@ KERNELS = [
     *(("attention.cu", f"attention_tiles<{d}, true>") for d in (64, 128, 256)),  # kept scores
     *(
         ("attention.cu", f"attention_fast<{form}>")  # (numerics = "fast": prefill attention)
-        for form in ("64, 1", "64, 2", "256, 1", "64, 1, true", "256, 1, true")
+        for form in ("64, 1", "64, 2", "256, 1")
     ),
 ]
 

@@ -64,9 +64,11 @@ MMA_TOKENS = 32
 # ... and 64 for a prefill's ungated products (o, down, q/k/v one at a time) whose reduction
 # is at least this deep (0: none): on the H100 (eleventh session) Qwen's down products, K of
 # 4,864, ran 5-12 % faster at 64, Gemma 3's of K 2,048 and less 6 % slower (docs/perf.md; their
-# rows differ too, 896 against 640, so depth and grid are not told apart yet). Until a GPU
-# times 4,096: 0
-MMA_DEEP_K = 0
+# rows differ too, 896 against 640, so depth and grid are not told apart yet). Fifteenth
+# session, H100, at 4,096 (Qwen's down products only): `gemm_mma<Q6_K>` 1,450 -> 1,270 us and
+# `<Q4_K>` 1,269 -> 1,200 of an exact 512-token prefill, busy 10,594 -> 10,393 us, pp512
+# 44,548 -> 46,711 tok/s in one table: 4,096
+MMA_DEEP_K = 4096
 # ... and the blocks a multiprocessor should hold (its __launch_bounds__' minimum): 2, 128
 # registers; 3 caps them at 80 (12-56 bytes spilled) for 24 warps a multiprocessor instead of
 # 16 (Qwen's gate/up GEMM: 3.9 of a 12 ms 512-token prefill, far from the tensor cores' speed,
@@ -209,11 +211,6 @@ FAST_ATTENTION_SPLIT = 4
 # attention_tiles<256> (2,048-2,060 us of 4,534-4,573 busy) to 1,049-1,058 us (3,600 busy):
 # pp512 1.39x -> 1.72x llama.cpp, pp4096 1.18x -> 1.50x; S = 4 beat S = 2 and 8 (1,345, 1,295)
 FAST_ATTENTION_WIDE = True
-# ... and its tiles' split words stored 16 bytes at a time (attention.cu's V4), where one word
-# a store put four lanes on a bank (a read-only review's count: about 512 of a warp's store
-# wavefronts a round for heads of 256, against 96 products). The same values. Until a GPU
-# times it: off
-FAST_ATTENTION_V4 = False
 # a prefill's products of quantized weights under numerics = "fast" on the tensor cores: x's
 # Q8A values and dequantize(W) into scratch (W: every call, no copy kept; float16 rows scaled
 # by powers of two with FAST_GEMM_HALF, float32 for TF32 without), cuBLAS's GEMM through torch
@@ -850,8 +847,7 @@ class Lowering:
                                             arg.n_head * blocks * split * 36 * 128)  # fmt: skip
                 tickets = self._shared_scratch("fast_tickets", DType.I32, arg.n_head * blocks)
                 a.part, a.tickets = part.data_ptr(), tickets.data_ptr()
-            v4 = ", true" if FAST_ATTENTION_V4 else ""
-            self._launch("attention.cu", f"attention_fast<{d}, {groups}{v4}>",
+            self._launch("attention.cu", f"attention_fast<{d}, {groups}>",
                          (arg.n_head * split, blocks, 1), (128 * groups, 1, 1), [a],
                          fast_attention_shared(d, groups))  # fmt: skip
             return
