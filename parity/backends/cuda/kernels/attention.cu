@@ -1186,13 +1186,13 @@ __global__ void __launch_bounds__(128 * G) attention_fast(AttnArgs a) {
 #pragma unroll
         for (int i = 0; i < FAST_LOADS; ++i) {
             const int e = 4 * (tid + 128 * i), at = e / D * ROW + e % D;  // (a multiple of 4)
-            uint4 h, l;
-            split_tf32(kx[i].x, h.x, l.x), split_tf32(kx[i].y, h.y, l.y);
-            split_tf32(kx[i].z, h.z, l.z), split_tf32(kx[i].w, h.w, l.w);
-            *reinterpret_cast<uint4*>(kh + at) = h, *reinterpret_cast<uint4*>(kl + at) = l;
-            split_tf32(vx[i].x, h.x, l.x), split_tf32(vx[i].y, h.y, l.y);
-            split_tf32(vx[i].z, h.z, l.z), split_tf32(vx[i].w, h.w, l.w);
-            *reinterpret_cast<uint4*>(vh + at) = h, *reinterpret_cast<uint4*>(vl + at) = l;
+            uint4 hi, lo;  // (four words each, 16-byte stores)
+            split_tf32(kx[i].x, hi.x, lo.x), split_tf32(kx[i].y, hi.y, lo.y);
+            split_tf32(kx[i].z, hi.z, lo.z), split_tf32(kx[i].w, hi.w, lo.w);
+            *reinterpret_cast<uint4*>(kh + at) = hi, *reinterpret_cast<uint4*>(kl + at) = lo;
+            split_tf32(vx[i].x, hi.x, lo.x), split_tf32(vx[i].y, hi.y, lo.y);
+            split_tf32(vx[i].z, hi.z, lo.z), split_tf32(vx[i].w, hi.w, lo.w);
+            *reinterpret_cast<uint4*>(vh + at) = hi, *reinterpret_cast<uint4*>(vl + at) = lo;
         }
         __syncthreads();
         if (j0 + W * BN <= end) fetch(j0 + W * BN);  // the next, in flight meanwhile
