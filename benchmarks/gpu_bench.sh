@@ -304,12 +304,8 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
     FAST_ATTENTION_SPLIT=3 -- -m parity conformance cuda --numerics fast -k attention &
   run conformance_fast_attention1 python3 benchmarks/with_lowering.py FAST_ATTENTION_SPLIT=1 \
     -- -m parity conformance cuda --numerics fast -k attention &
-  # (fifteenth session: fast attention for heads of 256, FAST_ATTENTION_WIDE: the attention
-  # cases, and the gpu tests' fast prefills of Gemma 3)
-  run conformance_fast_attention_wide python3 benchmarks/with_lowering.py FAST_ATTENTION_WIDE=1 \
-    -- -m parity conformance cuda --numerics fast -k attention &
-  run gpu_tests_wide python3 benchmarks/with_lowering.py FAST_ATTENTION_WIDE=1 -- -m pytest -q \
-    --tb=short -p no:cacheprovider tests/test_cuda_backend.py -k fast_products &
+  # (fast attention for heads of 256, on since the fifteenth session: conformance_cuda and
+  # gpu_tests, as shipped; off, the exact kernels, which conformance_cuda's exact run takes)
   # (twelfth session: fast products on the TF32 tensor cores; thirteenth: on float16 operands,
   # shipped for weights of 1M elements or more: here both forms on every product)
   run conformance_fast_gemm python3 benchmarks/with_lowering.py FAST_GEMM=1 FAST_GEMM_HALF=0 \
@@ -322,8 +318,7 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
     -k fusion -k matmul_swiglu &
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
          conformance_fast_attention1 conformance_fast_attention2 conformance_fast_gemm
-         conformance_fast_gemm_half conformance_fast_glu1 conformance_fast_attention_wide
-         gpu_tests_wide)
+         conformance_fast_gemm_half conformance_fast_glu1)
   # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
   if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
     files+=(conformance_triton)
