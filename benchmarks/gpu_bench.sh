@@ -108,7 +108,9 @@ together="HEADS_TOGETHER_CHUNKS[64]=3 HEADS_TOGETHER_CHUNKS[128]=3 HEADS_TOGETHE
 # (tenth session: a decode step's norms a row a warp, half a millisecond a step slower in the
 # eleventh's A/B: removed)
 # (eleventh session: 64-token GEMM blocks for the deep ungated products, MMA_DEEP_K)
-switches=${SWITCHES:-"MMA_DEEP_K=4096 MMA_TOKENS=64 MMA_QUANTIZE=1 WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 $together"}
+# (sixteenth session: the decode norms made by their products, NORM_IN_PRODUCT: slower on an
+# H100, off; NORM_AFTER_PRODUCT timed again with its register tail: still slower)
+switches=${SWITCHES:-"NORM_IN_PRODUCT=1 MMA_DEEP_K=4096 MMA_TOKENS=64 MMA_QUANTIZE=1 WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 $together"}
 all=${switches// /,}
 if [ "${DEEP:-0}" = 1 ]; then  # flash decoding's switches, deep in the cache
   fold=FOLD_BATCH=8; caps=CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2
@@ -316,9 +318,12 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
   run conformance_fast_glu1 python3 benchmarks/with_lowering.py FAST_GEMM=1 \
     FAST_GEMM_MIN_ELEMENTS=0 GLU_UNSCALE_X4=0 -- -m parity conformance cuda --numerics fast \
     -k fusion -k matmul_swiglu &
+  # (sixteenth session: a decode norm made by the products that read it, off)
+  run conformance_norm_in python3 benchmarks/with_lowering.py NORM_IN_PRODUCT=1 -- -m parity \
+    conformance cuda -k fusion -k norm &
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
          conformance_fast_attention1 conformance_fast_attention2 conformance_fast_gemm
-         conformance_fast_gemm_half conformance_fast_glu1)
+         conformance_fast_gemm_half conformance_fast_glu1 conformance_norm_in)
   # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
   if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
     files+=(conformance_triton)

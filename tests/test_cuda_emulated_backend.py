@@ -127,6 +127,7 @@ SWITCHED = {
     "WIDE_GEMV": ("-wide-", "gemv_q_wide<"),
     "WIDE_FIT_ROW": ("-wide-", ", 3, 1, 0>"),  # (gemv_q_wide's PER: rows of 256, one load)
     "ARGMAX_IN_HEAD": ("head-argmax", ", 1>"),
+    "NORM_IN_PRODUCT": ("residual-norm", "gemv_q_normed<"),
 }
 # ... and the prefill's (on since the tenth session's A/B, norms a row a warp up to 256 wide):
 # norms a row a warp at every width, gate/up quantizing its output, Gemma 3's gate, up and
@@ -163,6 +164,7 @@ def test_switched_fusions_are_bit_exact_in_the_emulator(switch, case, monkeypatc
         "WIDE_GEMV": "gemv_q<",
         "WIDE_FIT_ROW": "gemv_q<",
         "ARGMAX_IN_HEAD": "argmax_f32",
+        "NORM_IN_PRODUCT": "rms_norm_f32",
     }[switch]  # (what the fused kernel replaces)
     assert not any(name.startswith(alone) for name in launched), launched
 
@@ -440,6 +442,44 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
         assert launched["rope_f32"] == spec.n_layer and not launched["glu_f32"], launched
     if prefill == "all" and arch == "gemma3":  # GEGLU by the decode steps only
         assert launched["glu_f32"] == 2 * spec.n_layer, launched
+
+
+@pytest.mark.parametrize("arch, n_ff", [("llama", 1536), ("qwen2", 2560)])
+def test_norms_made_by_their_products_are_bit_exact_in_the_emulator(arch, n_ff,
+                                                                    monkeypatch):  # fmt: skip
+    """NORM_IN_PRODUCT: a 7-token prompt and two decode steps by the GEMV kernels, each layer's
+    norms made by the products that read them (q/k/v with their ROPEs and cache rows, gate/up
+    with SWIGLU and its Q8A) from the o and down products' subtrees of the squares: every node
+    bit-identical to the cpu oracle's (the norms' and their QUANTIZEs' values too, which those
+    products' block 0 writes), the greedy tokens the same. ``n_ff``: down products of two
+    warps a row and of four (SmolLM2's and Qwen's), so subtrees of 2 and 1 rows as well as the
+    o products' 4 (the kit's one-token residual-norm case has a zero row only)."""
+    from cuda_emulator.backend import EmulatedDriver
+
+    from parity.arch.synthetic import synthetic_model, tiny_spec
+    from parity.backends.cpu.backend import CpuBackend
+    from parity.backends.cuda import lowering
+    from parity.conformance.compare_steps import compare_steps
+    from parity.core.backend import Device
+
+    launched: Counter[str] = Counter()
+    launch = EmulatedDriver.launch
+
+    def counted(self, made, stream):
+        launched[self.library.kernel(made.fn)[1]] += 1
+        launch(self, made, stream)
+
+    monkeypatch.setattr(EmulatedDriver, "launch", counted)
+    monkeypatch.setattr(lowering, "NORM_IN_PRODUCT", True)
+    spec, weights = synthetic_model(tiny_spec(arch, n_ctx_train=1024, n_ff=n_ff), seed=7)
+    report = compare_steps(arch, spec, weights, [3, 141, 59, 26, 5, 35, 89], 3,
+                           lambda: CpuBackend(Device("cpu")), _backend)  # fmt: skip
+    assert report.violation is None and report.first_divergent is None
+    assert report.identical_share == 1.0 and report.tokens_agree == 3
+    kinds = {name.split("<")[0] for name in launched}
+    assert {"gemv_q_sq", "gemv_q_multi_normed", "gemv_q_q8_normed"} <= kinds, launched
+    rows = {name.rsplit(", ", 1)[1] for name in launched if name.startswith("gemv_q_sq<")}
+    assert len(rows) == 2, launched  # (WPR: o's 1, down's 2 or 4)
 
 
 @pytest.mark.parametrize("reverse", [False, True])

@@ -618,6 +618,44 @@ def test_norm_after_product_takes_the_norms_launches(name, per_layer, tokens, mo
     assert norms[0].shared  # (the first: the norm before the FFN, quantized for gate/up)
 
 
+@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_norm_in_product_leaves_the_norms_to_their_products(name, tokens, monkeypatch):
+    """With NORM_IN_PRODUCT, a decode layer's two norms take no launch: the o and down products
+    leave their blocks' subtrees of the squares (gemv_q_sq), and q/k/v and gate/up make the
+    norm and its Q8A themselves (gemv_q_multi_normed, gemv_q_q8_normed): 7 -> 5 launches a
+    layer, attention's second aside. rms_norm_f32 runs for the first layer's first norm (its x
+    is the embedding's rows) and the output norm (read by the head, which keeps gemv_q_wide's
+    grid, or by a slice of the last layer's output); the launch that makes a norm writes the
+    norm's and the QUANTIZE's values too."""
+    from parity.arch.params import GraphParams
+    from parity.backends.cuda import lowering as lowering_mod
+
+    monkeypatch.setattr(lowering_mod, "NORM_IN_PRODUCT", True)
+    params = GraphParams(n_tokens=tokens, n_ctx=1024, output="argmax" if tokens == 1 else "logits")
+    spec, _, lowering, lowered, nodes = _lower(_twin_spec(name), params)
+    assert lowering.done == set(nodes)
+    launches = [launch for _, (launch, *_) in lowered.launches if hasattr(launch, "name")]
+    names = [launch.name for launch in launches]
+    sums = sum(n.startswith("attention_sums") for n in names)
+    assert len(names) == 5 * spec.n_layer + sums + 5 - (tokens > 1), names[:16]
+    count = lambda prefix: sum(n.startswith(prefix) for n in names)  # noqa: E731
+    assert count("rms_norm_f32") == 2
+    assert count("gemv_q_sq<") == 2 * spec.n_layer - 1  # (the last down's norm: the head's)
+    assert count("gemv_q_multi_normed<") == spec.n_layer - 1
+    assert count("gemv_q_q8_normed<") == spec.n_layer
+    # the subtrees' slots: the producer's rows a block (o: 4; down, over K = 1,536 or 4,864:
+    # 2 or 1)
+    levels = {"gemv_q_q8_normed": 2, "gemv_q_multi_normed": 1 if name == "smollm2-135m" else 0}
+    for launch in launches:
+        kernel = launch.name.split("<")[0]
+        if kernel in levels:
+            arg = launch.args[1]  # NormIn: its only reader, so it writes the two values
+            assert arg.y and arg.q and arg.qd and arg.qs and arg.parts and arg.w
+            assert (arg.level, arg.np) == (levels[kernel], spec.n_embd >> levels[kernel])
+            assert launch.shared == lowering_mod.normed_shared(tokens, spec.n_embd)
+
+
 @pytest.mark.parametrize("tokens", [1, 7])
 def test_gemma3_decode_step_with_every_decode_switch_takes_five_launches_a_layer(
     tokens, monkeypatch

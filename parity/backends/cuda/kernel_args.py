@@ -123,3 +123,14 @@ class NormRowsArg(ctypes.Structure):
     """``struct NormRows`` of rows.cu: up to two norm jobs of one width in one launch."""
 
     _fields_ = [("a", NormJobArg), ("b", NormJobArg), ("width", ctypes.c_int)]
+
+
+class NormInArg(ctypes.Structure):
+    """``struct NormIn`` of norm.cuh: a decode norm made by the products that read it, from the
+    output of the residual product before it and that product's subtrees of the squares."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in ("x", "parts", "w", "y", "q", "qd", "qs")] + [
+        ("eps", ctypes.c_float),
+        ("np", ctypes.c_int),
+        ("level", ctypes.c_int),
+    ]

@@ -19,7 +19,11 @@ Launch-level fusions (same operations, same bits as the nodes one by one):
 - with QKV_HEAD_NORMS, Gemma 3's q and k head norms before their ROPEs: the q/k/v launch's
   last block of each head norms it, then rotates it;
 - with GLU_IN_PRODUCT, a decode step's gate and up products, the GEGLU (or SWIGLU) of them and
-  its QUANTIZE: one gated GEMV (the products' values written too).
+  its QUANTIZE: one gated GEMV (the products' values written too);
+- with NORM_IN_PRODUCT, a decode step's residual product, the norm of its output and that
+  norm's QUANTIZE: the product leaves its blocks' subtrees of the squares (gemv_q_sq), and
+  every product that reads the QUANTIZE makes the norm and its Q8A itself, in each block
+  (matmul.cu's *_normed kernels: norm.cuh's NormIn; its block 0 writes the two values).
 
 Every node's value is still written to its own buffer (the runtime may read any of them back),
 so a fusion only saves a launch and a pass over memory.
@@ -37,6 +41,7 @@ from parity.backends.cuda.kernel_args import (
     AttnArg,
     GemvSegsArg,
     MmaMoreArg,
+    NormInArg,
     NormJobArg,
     NormRowsArg,
     Q8Arg,
@@ -123,7 +128,8 @@ NORM_WARP_ROWS = 2  # ... rows (warps) a block: 256 blocks for 512 rows (a lane'
 # against rms_norm_f32's 4.5, one warp's serial chain of 32 slots a lane: docs/perf.md.)
 # a decode product's output normed by its last block (matmul.cu's gemv_q_norm), not by a launch
 # of its own: bit-exact (emulator and H200), and slower: the decode step +43-52 % on the H200
-# (the last block's tail, about 17 us), so off (docs/perf.md)
+# (the last block's tail, about 17 us), so off (docs/perf.md); with the tail's row in
+# registers (norm_row_regs), still +25 % / +25 % / +20 % on an H100 (sixteenth session)
 NORM_AFTER_PRODUCT = False
 # Gemma 3's q and k head norms and their ROPEs done by the q/k/v launch, each head's last block
 # norming the head (matmul.cu's HEAD_NORM): bit-exact, 36 launches fewer a step and 1-2 %
@@ -132,6 +138,15 @@ QKV_HEAD_NORMS = False
 # ... and its gate and up products with their GEGLU and its QUANTIZE: one gated GEMV launch
 # (bit-exact, 18 launches fewer a step, no faster on the H200: off)
 GLU_IN_PRODUCT = False
+# a decode step's norm between a residual product (o, down) and the products that read it
+# (q/k/v, gate/up) made by those products, each block norming and quantizing x from the
+# residual product's output and its blocks' subtrees of the squares: the norm takes no launch
+# (SmolLM2 and Qwen 7 -> 5 a layer, attention's second aside). Bit-exact (emulator, H100), and
+# slower on an H100: the step 0.758 -> 0.836 ms (SmolLM2), 0.832 -> 1.079 (Qwen); each
+# block's norm adds about 4 us to its product where rms_norm_f32 took 4.3 (docs/perf.md,
+# sixteenth session), so off
+NORM_IN_PRODUCT = False
+NORM_IN_RUN = 8  # norm.cuh's: subtrees of the squares a thread of the 128
 HEAD_NORM = 4  # matmul.cu's: added to a q/k/v launch's ROPE mode
 GEMV_NORM_WIDTH_MAX = 32 * GEMV_WARPS * 256  # ... of rows up to this wide (norm.cuh's NORM_MAXL)
 SPLIT_TOKENS = 4  # flash decoding for at most this many tokens
@@ -367,6 +382,12 @@ def mma_variant(tokens: int | None = None) -> str:
     return f", {MMA_MIN_BLOCKS}" if MMA_MIN_BLOCKS != 2 else ""
 
 
+def normed_shared(t: int, k: int) -> int:
+    """The dynamic shared memory of a *_normed GEMV: x's Q8A for ``t`` tokens of ``k``
+    (matmul.cu's normed_q8: the quants, then each 32-block's d and s)."""
+    return -(-(t * k + 8 * t * (k // 32)) // 16) * 16
+
+
 def tree_levels(width: int) -> int:
     """MAXL for a TREE of ``width`` leaves (a power of two): its levels plus one."""
     return width.bit_length()
@@ -382,6 +403,21 @@ class Segments:
 
     arg: GemvSegsArg
     blocks: int
+
+
+@attrs.define
+class NormInProducts:
+    """A decode norm left to the products that read its QUANTIZE (NORM_IN_PRODUCT), and the
+    residual product's subtrees of the squares it is made from."""
+
+    norm: int
+    weight: int | None
+    quantize: int
+    parts: Any  # (T, np) floats, gemv_q_sq's
+    level: int  # log2 of the slots a subtree holds
+    np: int
+    written: bool = False  # a product's block 0 wrote the norm's and the QUANTIZE's values
+    launched: bool = False  # ... or rms_norm_f32 did, for a reader that cannot make it
 
 
 @attrs.define
@@ -438,6 +474,10 @@ class Lowering:
         self.out: Lowered = Lowered([], [], set(), [])
         self.done: set[int] = set()
         self._shared: dict[str, tuple[int, Any]] = {}  # name: (elements, buffer)
+        # NORM_IN_PRODUCT: the subtrees a residual product left for the norm of its output
+        # (norm: (parts, level, np)), then the norms left to their products, by QUANTIZE
+        self._norm_parts: dict[int, tuple[Any, int, int]] = {}
+        self._norm_in: dict[int, NormInProducts] = {}
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -512,8 +552,62 @@ class Lowering:
     def _q8_parts(self, i: int | None) -> tuple[Any, Any, Any]:
         if i is None:
             return (None, None, None)
+        pending = self._norm_in.get(i)
+        if pending is not None and not pending.launched:  # a reader that cannot make it: the
+            pending.launched = True  # norm's own launch, before it (the same values again
+            self._launch_norm([(pending.norm, pending.weight, i)])  # where a product wrote them)
         v: Q8Value = self.values[i]
         return (v.q, v.d, v.s)
+
+    def _normed_x(self, i: int) -> NormInArg | None:
+        """With NORM_IN_PRODUCT, the NormIn of a decode product whose Q8A x ``i`` is a norm's
+        QUANTIZE left to its readers (the first one's block 0 writes both values); None when
+        x is made otherwise."""
+        pending = self._norm_in.get(i)
+        if pending is None or pending.launched:
+            return None
+        nodes = self.graph.nodes
+        norm = nodes[pending.norm]
+        arg = NormInArg()
+        arg.x, arg.parts = self._ptr(norm.src[0]).value, pending.parts.data_ptr()
+        arg.w = None if pending.weight is None else self._ptr(pending.weight).value
+        arg.eps, arg.np, arg.level = float(norm.arg), pending.np, pending.level
+        if not pending.written:
+            pending.written = True
+            arg.y = self._ptr(pending.norm).value
+            v: Q8Value = self.values[i]
+            arg.q, arg.qd, arg.qs = v.q.data_ptr(), v.d.data_ptr(), v.s.data_ptr()
+        return arg
+
+    def _norm_parts_for(self, i: int, t: int, n: int, rows: int) -> Any:
+        """With NORM_IN_PRODUCT, for decode residual product ``i`` (``rows`` rows a GEMV block):
+        scratch for its blocks' subtrees of the squares, when the norm of its output is one
+        that its readers can make (``_norm_in``); else None."""
+        if not NORM_IN_PRODUCT:
+            return None
+        nodes = self.graph.nodes
+        norm = self._norm_of(i)
+        if norm is None or next_pow2(n) // rows > NORM_IN_RUN * 32 * GEMV_WARPS or n % 32:
+            return None
+        readers = self.readers.get(norm, [])
+        if len(readers) != 1 or nodes[readers[0]].op is not Op.QUANTIZE:
+            return None
+        users = self.readers.get(readers[0], [])
+        for u in users:  # products of the split, of quantized weights, none the output head's
+            node = nodes[u]
+            if u not in self.inside or node.op not in (Op.MATMUL, Op.MATMUL_ADD, Op.MATMUL_SWIGLU):
+                return None
+            w = nodes[node.src[1]]
+            wide = self._wide_blocks(w.dtype, t, node.shape[1], w.shape[1], 0)
+            if w.dtype in FLOAT_WEIGHTS or wide:
+                return None
+        if not users:
+            return None
+        blocks = -(-n // rows)
+        parts = self.new_scratch(DType.F32, (t * blocks,))
+        self.out.scratch.append(parts)
+        self._norm_parts[norm] = (parts, rows.bit_length() - 1, blocks)
+        return parts
 
     def _get_rows(self, i, node, follow):
         table, ids = self._src(node, 0), node.src[1]
@@ -587,6 +681,11 @@ class Lowering:
 
     def _norm(self, i, node, follow, w):
         qn = self._fused_reader(follow, Op.QUANTIZE)
+        source = self._norm_parts.get(i)
+        if source is not None and qn is not None:  # NORM_IN_PRODUCT: its readers make it
+            self._norm_in[qn] = NormInProducts(i, w, qn, *source)
+            self.done.add(qn)
+            return
         jobs = [(i, w, qn)]
         other = None if qn is not None else self._norm_sibling(i, node)
         if other is not None:
@@ -945,6 +1044,8 @@ class Lowering:
                 block = (32 * GEMV_WARPS, 1, 1)
                 self._launch("matmul.cu", name, grid1(n, GEMV_WARPS), block, [y, xs, *args])
             return False
+        if t <= GEMV_TOKENS[-1] and self._normed_x_pending(x_id):
+            return self._normed_product(out, x_id, common, w.dtype, t, n, k, epi, q8, glu)
         if x.dtype is DType.F32:  # x not quantized yet (a graph run as written): into scratch
             xv = self.new_scratch(DType.Q8A, x.shape)
             self.out.scratch.append(xv)
@@ -963,14 +1064,15 @@ class Lowering:
             grid = (-(-n // (GEMV_WARPS // wpr)), 1, 1)
             kind = f"{w.dtype.value}, {tmax}, {epi}, {wpr}"
             if q8 is not None and n % 32 == 0:
-                tickets = self.new_scratch(DType.I32, (n // 32,))
-                self.out.scratch.append(tickets)
-                oq, od, os_ = self._q8_parts(q8)
-                raw = [pointer(None)] * 2 if glu is None else [self._ptr(j) for j in glu[1:]]
                 self._launch("matmul.cu", f"gemv_q_q8<{kind}>", grid, block,
-                             [pointer(out), xq, *common, pointer(oq), pointer(od), pointer(os_),
-                              pointer(tickets), *raw])  # fmt: skip
+                             [pointer(out), xq, *common, *self._q8_out(n, q8, glu)])  # fmt: skip
                 return True
+            rows = GEMV_WARPS // wpr
+            parts = None if res is None or node is None else self._norm_parts_for(node, t, n, rows)
+            if parts is not None:  # NORM_IN_PRODUCT: the subtrees of its output's squares too
+                self._launch("matmul.cu", f"gemv_q_sq<{kind}>", grid, block,
+                             [pointer(out), xq, *common, pointer(parts)])  # fmt: skip
+                return False
             after = None if node is None else self._norm_after(node)
             if after is not None:
                 job, quantized = after
@@ -1026,6 +1128,38 @@ class Lowering:
         self._launch("matmul.cu", f"gemm_q<{w.dtype.value}, {maxl}, {epi}>",
                      (-(-n // bn), -(-t // bt), 1), (256, 1, 1),
                      [pointer(out), xq, *common])  # fmt: skip
+        return False
+
+    def _q8_out(self, n: int, q8: int, glu: tuple[int, int, int] | None) -> list[Any]:
+        """gemv_q_q8's arguments after the product's: the QUANTIZE's value, a ticket a group of
+        32 rows (scratch, zero), and the gate and up products' values or nulls."""
+        tickets = self.new_scratch(DType.I32, (n // 32,))
+        self.out.scratch.append(tickets)
+        oq, od, os_ = self._q8_parts(q8)
+        raw = [pointer(None)] * 2 if glu is None else [self._ptr(j) for j in glu[1:]]
+        return [pointer(oq), pointer(od), pointer(os_), pointer(tickets), *raw]
+
+    def _normed_x_pending(self, i: int) -> bool:
+        pending = self._norm_in.get(i)
+        return pending is not None and not pending.launched
+
+    def _normed_product(self, out: Any, x_id: int, common: list[Any], dtype: DType, t: int,
+                        n: int, k: int, epi: int, q8: int | None,
+                        glu: tuple[int, int, int] | None) -> bool:  # fmt: skip
+        """A decode product of the norm it makes first (NORM_IN_PRODUCT): gemv_q_q8_normed when
+        it quantizes its output too (True), else gemv_q_normed."""
+        arg = self._normed_x(x_id)
+        tmax = next(c for c in GEMV_TOKENS if c >= t)
+        wpr = gemv_warps_per_row(dtype, k)
+        grid, block = (-(-n // (GEMV_WARPS // wpr)), 1, 1), (32 * GEMV_WARPS, 1, 1)
+        kind = f"{dtype.value}, {tmax}, {epi}, {wpr}"
+        if q8 is not None and n % 32 == 0:
+            self._launch("matmul.cu", f"gemv_q_q8_normed<{kind}>", grid, block,
+                         [pointer(out), arg, *common, *self._q8_out(n, q8, glu)],
+                         normed_shared(t, k))  # fmt: skip
+            return True
+        self._launch("matmul.cu", f"gemv_q_normed<{kind}>", grid, block,
+                     [pointer(out), arg, *common], normed_shared(t, k))  # fmt: skip
         return False
 
     def _tensor_cores(self, w: Node, t: int) -> bool:
@@ -1268,8 +1402,12 @@ class Lowering:
         slots = [*first_two, third]
         first = nodes[group[0]]
         t, k = first.shape[0], nodes[first.src[1]].shape[1]
-        q, d, s = self._q8_parts(first.src[0])
-        xq = Q8Arg(q.data_ptr(), d.data_ptr(), s.data_ptr())
+        normed = t <= GEMV_TOKENS[-1] and self._normed_x_pending(first.src[0])
+        if normed:  # NORM_IN_PRODUCT: x is the norm this launch makes
+            xq, shared = self._normed_x(first.src[0]), normed_shared(t, k)
+        else:
+            q, d, s = self._q8_parts(first.src[0])
+            xq, shared = Q8Arg(q.data_ptr(), d.data_ptr(), s.data_ptr()), 0
         epi = EPI_BIAS if len(first.src) == 3 else 0
         qt2 = common if slots[2] is None else nodes[nodes[slots[2]].src[1]].dtype
         self.done.update(group)
@@ -1287,8 +1425,9 @@ class Lowering:
         tmax = next(c for c in GEMV_TOKENS if c >= t)
         mode, rope = self._qkv_rope(slots, GEMV_WARPS // wpr)
         kind = f"{common.value}, {qt2.value}, {tmax}, {epi}, {wpr}, {mode}"
-        self._launch("matmul.cu", f"gemv_q_multi<{kind}>", (segs.blocks, 1, 1),
-                     (32 * GEMV_WARPS, 1, 1), [segs.arg, xq, t, k, rope])  # fmt: skip
+        name = "gemv_q_multi_normed" if normed else "gemv_q_multi"
+        self._launch("matmul.cu", f"{name}<{kind}>", (segs.blocks, 1, 1),
+                     (32 * GEMV_WARPS, 1, 1), [segs.arg, xq, t, k, rope], shared)  # fmt: skip
 
     def _segments(self, slots: list[int | None], k: int, rows: int) -> Segments:
         """The GemvSegs of products ``slots`` over K = ``k``, ``rows`` rows a block."""

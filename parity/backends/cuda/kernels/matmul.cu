@@ -124,12 +124,20 @@ __device__ __forceinline__ void load_x(const Q8& x, int t, int K, int s, int (&x
 // round's weights are asked for before PDL's wait (pdl_begin): no kernel writes them.
 // (gated: ``g_out`` and ``u_out``, when given, also get the two products, the values of the
 // gate and up nodes a launch-level GLU fusion computes)
-template <int QT, int TMAX, int EPI, int WPR>
+// (``keep``, when given: shared memory where each row's lane 0 also leaves its outputs, at [t
+// ROWS + the row's place in the block], ROWS = GEMV_WARPS / WPR: gemv_q_sq's. ``pro``: run by
+// every thread right after PDL's wait, before x is read: gemv_q_normed's norm, which makes x)
+struct NoPrologue {
+    __device__ __forceinline__ void operator()() const {}
+};
+
+template <int QT, int TMAX, int EPI, int WPR, typename Pro = NoPrologue>
 __device__ __forceinline__ void gemv_q_row(float* y, const Q8& x, const u8* w, const u8* w2,
                                            const float* bias, const float* res, int T, int N,
                                            int K, i64 row_bytes, int n, int part, bool live,
                                            u8* smem, float* red, float* g_out,
-                                           float* u_out) {
+                                           float* u_out, float* keep = nullptr,
+                                           const Pro& pro = Pro()) {
     constexpr int L = Layout<QT>::L;
     constexpr bool GATED = (EPI & EPI_GATED) != 0;
     constexpr int NM = GATED ? 2 : 1;
@@ -163,6 +171,7 @@ __device__ __forceinline__ void gemv_q_row(float* y, const Q8& x, const u8* w, c
         for (int m = 0; m < NM; ++m) stage[m].load(rows[m], r0, S);  // weights: no kernel writes them
     }
     pdl_begin();  // (every thread of the block)
+    pro();
     if (real > 0) load_xs(r0);
     for (int i = 0; i < real; ++i) {
         const int r = r0 + i;
@@ -245,7 +254,9 @@ __device__ __forceinline__ void gemv_q_row(float* y, const Q8& x, const u8* w, c
                 }
             }
             if (live && part == 0 && lane == 0) {
-                y[(i64)t * N + n] = epilogue<EPI>(v[0], v[NM - 1], bias, res, t, n, N);
+                const float out = epilogue<EPI>(v[0], v[NM - 1], bias, res, t, n, N);
+                y[(i64)t * N + n] = out;
+                if (keep != nullptr) keep[t * (GEMV_WARPS / WPR) + row_in_block] = out;
                 if (GATED && g_out != nullptr) {
                     g_out[(i64)t * N + n] = v[0];
                     u_out[(i64)t * N + n] = v[NM - 1];
@@ -266,10 +277,14 @@ struct GemvShared {
 #define GEMV_ROW(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, n, live)                   \
     GEMV_ROW_OUT(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, n, live, nullptr, nullptr)
 #define GEMV_ROW_OUT(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, n, live, go, uo)       \
+    GEMV_ROW_ALL(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, n, live, go, uo, nullptr,  \
+                 NoPrologue())
+#define GEMV_ROW_ALL(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, n, live, go, uo, keep, \
+                     pro)                                                                          \
     gemv_q_row<QT, TMAX, EPI, WPR>(y, x, w, w2, bias, res, T, N, K, row_bytes, n,                  \
                                    (threadIdx.x >> 5) % WPR, live,                                 \
                                    reinterpret_cast<u8*>(sh.stage[threadIdx.x >> 5]), sh.red,      \
-                                   go, uo)
+                                   go, uo, keep, pro)
 
 template <int QT, int TMAX, int EPI, int WPR>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
@@ -278,6 +293,67 @@ gemv_q(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float
     __shared__ GemvShared<QT, TMAX, EPI, WPR> sh;
     const int n = blockIdx.x * (GEMV_WARPS / WPR) + (threadIdx.x >> 5) / WPR;
     GEMV_ROW(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, min(n, N - 1), n < N);
+}
+
+// gemv_q, and for each token the squares of the block's rows summed as their aligned subtree of
+// a norm's TREE (the ROWS = GEMV_WARPS / WPR rows of block b are the norm's slots [b ROWS, b
+// ROWS + ROWS); rows past N are its +0.0 padding), into parts[t gridDim.x + b]: the norm that
+// reads the output (a residual sum) is then made by the products that read it
+// (gemv_q_normed's kernels, norm.cuh's NormIn) with the squares made once.
+template <int QT, int TMAX, int EPI, int WPR>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_q_sq(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
+          int T, int N, int K, i64 row_bytes, float* parts) {
+    constexpr int ROWS = GEMV_WARPS / WPR;
+    __shared__ GemvShared<QT, TMAX, EPI, WPR> sh;
+    __shared__ float kept[TMAX * ROWS];
+    const int n = blockIdx.x * ROWS + (threadIdx.x >> 5) / WPR;
+    GEMV_ROW_ALL(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, min(n, N - 1), n < N,
+                 nullptr, nullptr, kept, NoPrologue());
+    __syncthreads();  // the rows' outputs, kept by each row's lane 0
+    if ((int)threadIdx.x >= T) return;
+    const int t = threadIdx.x;
+    float sq[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        const float v = kept[t * ROWS + r];
+        sq[r] = blockIdx.x * ROWS + r < N ? __fmul_rn(v, v) : 0.0f;
+    }
+    float sum = sq[0];
+    if (ROWS == 2) sum = __fadd_rn(sq[0], sq[ROWS - 1]);
+    if (ROWS == 4) sum = __fadd_rn(__fadd_rn(sq[0], sq[1 % ROWS]), __fadd_rn(sq[2 % ROWS], sq[3 % ROWS]));
+    parts[(i64)t * gridDim.x + blockIdx.x] = sum;
+}
+
+// x of a gemv_q_normed kernel: the Q8A its prologue (norm.cuh's norm_in_x) writes into the
+// block's dynamic shared memory, T rows of K quants, then the d of each 32-block, then its s
+__device__ __forceinline__ Q8 normed_q8(const u8* smem, int T, int K) {
+    Q8 x;
+    x.q = reinterpret_cast<const i8*>(smem);
+    x.d = reinterpret_cast<const float*>(smem + T * K);
+    x.s = x.d + T * (K / 32);
+    return x;
+}
+
+// The kernels whose x is the norm they make first (NormIn ``in``): x in shared memory, made by
+// every thread after PDL's wait, and ``pro`` the step that makes it
+#define NORMED_X                                                                                  \
+    extern __shared__ int4 normed_smem[];                                                          \
+    __shared__ float normed_tmp[33];                                                               \
+    const Q8 x = normed_q8(reinterpret_cast<const u8*>(normed_smem), T, K);                        \
+    const auto pro = [&]() {                                                                       \
+        norm_in_x(in, T, K, reinterpret_cast<u8*>(normed_smem), normed_tmp);                       \
+    }
+
+template <int QT, int TMAX, int EPI, int WPR>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_q_normed(float* y, NormIn in, const u8* w, const u8* w2, const float* bias, const float* res,
+              int T, int N, int K, i64 row_bytes) {
+    __shared__ GemvShared<QT, TMAX, EPI, WPR> sh;
+    NORMED_X;
+    const int n = blockIdx.x * (GEMV_WARPS / WPR) + (threadIdx.x >> 5) / WPR;
+    GEMV_ROW_ALL(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, min(n, N - 1), n < N,
+                 nullptr, nullptr, nullptr, pro);
 }
 
 // A long product of short rows, one token (the output head: 49,152 to 262,144 rows of one
@@ -358,17 +434,18 @@ gemv_q_wide(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const 
 // group's rows for every token: the values it reads were written, and fenced, by the group's
 // blocks. ``tickets`` (N/32 ints, zero) are reset by the block that used them, ready for a
 // replay. Gated: ``g_out`` and ``u_out`` (or null) get the gate and up products too.
-template <int QT, int TMAX, int EPI, int WPR>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_q_q8(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
-          int T, int N, int K, i64 row_bytes, i8* oq, float* od, float* os, int* tickets,
-          float* g_out, float* u_out) {
+template <int QT, int TMAX, int EPI, int WPR, typename Pro>
+__device__ __forceinline__ void gemv_q_q8_body(float* y, const Q8& x, const u8* w, const u8* w2,
+                                               const float* bias, const float* res, int T, int N,
+                                               int K, i64 row_bytes, i8* oq, float* od,
+                                               float* os, int* tickets, float* g_out,
+                                               float* u_out, const Pro& pro) {
     constexpr int GROUP = 32 / (GEMV_WARPS / WPR);  // blocks per 32 rows
     __shared__ GemvShared<QT, TMAX, EPI, WPR> sh;
     __shared__ int last;
     const int n = blockIdx.x * (GEMV_WARPS / WPR) + (threadIdx.x >> 5) / WPR;
-    GEMV_ROW_OUT(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, min(n, N - 1), n < N,
-                 g_out, u_out);
+    GEMV_ROW_ALL(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, min(n, N - 1), n < N,
+                 g_out, u_out, nullptr, pro);
     const int g = blockIdx.x / GROUP;
     if (!last_block(&tickets[g], GROUP, last)) return;
     const int nb = N / 32, lane = threadIdx.x & 31;
@@ -377,6 +454,26 @@ gemv_q_q8(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const fl
         quantize_block(v, oq + (i64)t * N + g * 32, od + (i64)t * nb + g, os + (i64)t * nb + g);
     }
     if (threadIdx.x == 0) tickets[g] = 0;
+}
+
+template <int QT, int TMAX, int EPI, int WPR>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_q_q8(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
+          int T, int N, int K, i64 row_bytes, i8* oq, float* od, float* os, int* tickets,
+          float* g_out, float* u_out) {
+    gemv_q_q8_body<QT, TMAX, EPI, WPR>(y, x, w, w2, bias, res, T, N, K, row_bytes, oq, od, os,
+                                       tickets, g_out, u_out, NoPrologue());
+}
+
+// gemv_q_q8 of the norm it makes first (NormIn: gemv_q_normed's)
+template <int QT, int TMAX, int EPI, int WPR>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_q_q8_normed(float* y, NormIn in, const u8* w, const u8* w2, const float* bias,
+                 const float* res, int T, int N, int K, i64 row_bytes, i8* oq, float* od,
+                 float* os, int* tickets, float* g_out, float* u_out) {
+    NORMED_X;
+    gemv_q_q8_body<QT, TMAX, EPI, WPR>(y, x, w, w2, bias, res, T, N, K, row_bytes, oq, od, os,
+                                       tickets, g_out, u_out, pro);
 }
 
 // The same, and the norm that reads the product's output after it (norm.cuh's job: RMS_NORM
@@ -512,9 +609,9 @@ __device__ void head_norm_rope(const RopeSegs& r, const GemvSeg& sg, int si, int
     if (threadIdx.x == 0) *ticket = 0;
 }
 
-template <int QT, int QT2, int TMAX, int EPI, int WPR, int ROPE>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_q_multi(GemvSegs segs, Q8 x, int T, int K, RopeSegs rope) {
+template <int QT, int QT2, int TMAX, int EPI, int WPR, int ROPE, typename Pro>
+__device__ __forceinline__ void gemv_q_multi_body(const GemvSegs& segs, const Q8& x, int T, int K,
+                                                  const RopeSegs& rope, const Pro& pro) {
     constexpr int ROWS = GEMV_WARPS / WPR;  // rows of a block
     constexpr int MODE = ROPE & 3;          // (HEAD_NORM: rows in order, a head's blocks)
     static_assert(!MODE || (ROPE & HEAD_NORM) || ROWS % 2 == 0,
@@ -540,12 +637,12 @@ gemv_q_multi(GemvSegs segs, Q8 x, int T, int K, RopeSegs rope) {
     const int row = min(n, sg.N - 1);
     if (QT2 != QT && si == 2) {
         auto& sh = shu.b;
-        GEMV_ROW(QT2, TMAX, EPI, WPR, sg.y, sg.w, nullptr, sg.bias, nullptr, sg.N, sg.row_bytes,
-                 row, slot < sg.N);
+        GEMV_ROW_ALL(QT2, TMAX, EPI, WPR, sg.y, sg.w, nullptr, sg.bias, nullptr, sg.N,
+                     sg.row_bytes, row, slot < sg.N, nullptr, nullptr, nullptr, pro);
     } else {
         auto& sh = shu.a;
-        GEMV_ROW(QT, TMAX, EPI, WPR, sg.y, sg.w, nullptr, sg.bias, nullptr, sg.N, sg.row_bytes,
-                 row, slot < sg.N);
+        GEMV_ROW_ALL(QT, TMAX, EPI, WPR, sg.y, sg.w, nullptr, sg.bias, nullptr, sg.N,
+                     sg.row_bytes, row, slot < sg.N, nullptr, nullptr, nullptr, pro);
     }
     if (!MODE) return;
     if ((ROPE & HEAD_NORM) && si < 2) {
@@ -554,6 +651,20 @@ gemv_q_multi(GemvSegs segs, Q8 x, int T, int K, RopeSegs rope) {
     }
     __syncthreads();  // the block's rows of y, written by each row's lane 0
     rope_kv_rows<MODE>(rope, sg, si, blk * ROWS, ROWS, T);
+}
+
+template <int QT, int QT2, int TMAX, int EPI, int WPR, int ROPE>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_q_multi(GemvSegs segs, Q8 x, int T, int K, RopeSegs rope) {
+    gemv_q_multi_body<QT, QT2, TMAX, EPI, WPR, ROPE>(segs, x, T, K, rope, NoPrologue());
+}
+
+// gemv_q_multi of the norm it makes first (NormIn: gemv_q_normed's)
+template <int QT, int QT2, int TMAX, int EPI, int WPR, int ROPE>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_q_multi_normed(GemvSegs segs, NormIn in, int T, int K, RopeSegs rope) {
+    NORMED_X;
+    gemv_q_multi_body<QT, QT2, TMAX, EPI, WPR, ROPE>(segs, x, T, K, rope, pro);
 }
 
 // float weights: K leaves, x not quantized

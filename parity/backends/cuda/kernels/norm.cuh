@@ -382,3 +382,140 @@ __device__ __forceinline__ void norm_job(const NormJob& j, int width, i64 row, f
     norm_row(j.y2, j.q2, j.qd2, j.qs2, nullptr, j.sum, j.w2, nullptr, j.eps2, width, row, srow,
              tmp);
 }
+
+// ---- a decode norm made by the products that read it ------------------------------------------
+
+// (the lowering's NORM_IN_PRODUCT) A decode step's norm before a product, and its QUANTIZE,
+// made by every block of that product (matmul.cu's gemv_q_normed kernels) from the output of
+// the residual product before it (gemv_q_sq), which also left the subtree of the squares of
+// each of its blocks' rows (``parts``: 2^level rows a block, aligned runs of the TREE's
+// slots). The TREE is finished from those subtrees, and x's rows are normed, weighted and
+// quantized into the block's shared memory: no launch of its own, and the squares of a row
+// are made once, by the blocks that wrote it. Block 0 also writes the norm's and the
+// QUANTIZE's values, which the graph holds.
+struct NormIn {
+    const float* x;      // (T, K): the norm's input, the residual product's output
+    const float* parts;  // (T, np): that product's subtrees of the squares, a block each
+    const float* w;      // RMS_NORM_MUL's weight (K), or null
+    float* y;            // the norm's value (T, K), or null: written by block 0
+    i8* q;               // the QUANTIZE's value, or null: written by block 0
+    float* qd;
+    float* qs;
+    float eps;
+    int np;     // subtrees a token: the producer's blocks
+    int level;  // log2 of the slots each one holds
+};
+
+#define NORM_IN_RUN 8  // subtrees a thread (the lowering's bound: next_pow2(K) >> level <= 8 x
+                       // the block's threads)
+
+// x quantized into ``smem`` (Q8A of T rows of K: the quants, then each 32-block's d, then its
+// s; matmul.cu's normed_q8), by the whole block; ``tmp``: 33 floats. x and the subtrees were
+// written by the kernel before, so plain loads after PDL's wait, through L1, which every block
+// of the product reads (at L2, __ldcg, SmolLM2's gate/up launch took 11.2 us on an H100, 9.3
+// this way, PDL off; docs/perf.md, sixteenth session). Token t's squares' TREE:
+// thread j takes the aligned run [jR, jR + R) of its next_pow2(K) >> level leaves (the
+// subtrees, +0.0 past np), the block's tree adds the runs (block_tree: the contract's order).
+// Its values then go 8 to a thread, a Q8 block on 4 lanes: scale, weight, the block's max by
+// two shuffles, the quants, their sum by two more (norm_row_regs's operations, R = 8).
+__device__ void norm_in_x(const NormIn& in, int T, int K, u8* smem, float* tmp) {
+    i8* sq = reinterpret_cast<i8*>(smem);
+    float* sd = reinterpret_cast<float*>(smem + T * K);
+    float* ss = sd + T * (K / 32);
+    const int leaves = next_pow2(K) >> in.level;
+    const int R = leaves > (int)blockDim.x ? leaves / (int)blockDim.x : 1;
+    const int P = leaves / R;
+    const int nb = K / 32, slots = K / 8;
+    const bool writer = blockIdx.x == 0;
+    for (int t = 0; t < T; ++t) {
+        const float* xr = in.x + (i64)t * K;
+        // this thread's first values and the subtrees, loaded together
+        float v[8], wv[8];
+        const bool first_live = (int)threadIdx.x < slots;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            v[i] = 0.0f;
+            wv[i] = 1.0f;
+            if (first_live) {
+                v[i] = xr[threadIdx.x * 8 + i];
+                if (in.w != nullptr) wv[i] = in.w[threadIdx.x * 8 + i];
+            }
+        }
+        float part = 0.0f;
+        if ((int)threadIdx.x < P) {
+            const int start = threadIdx.x * R;
+            const int n = max(0, min(R, in.np - start));
+            float pv[NORM_IN_RUN], st[NORM_MAXL];
+#pragma unroll
+            for (int i = 0; i < NORM_IN_RUN; ++i) {
+                if (i < n) pv[i] = in.parts[(i64)t * in.np + start + i];
+            }
+#pragma unroll
+            for (int i = 0; i < NORM_IN_RUN; ++i) {
+                if (i < n) tree_push<NORM_MAXL>(st, i, pv[i]);
+            }
+            part = tree_finish<NORM_MAXL>(st, n, R);
+        }
+        const float scale = rms_scale(block_tree(part, P, tmp), K, in.eps);
+        for (int base = 0; base < slots; base += blockDim.x) {  // (uniform: the shuffles)
+            const int slot = base + threadIdx.x;
+            const bool live = slot < slots;
+            if (base > 0) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    v[i] = 0.0f;
+                    wv[i] = 1.0f;
+                    if (live) {
+                        v[i] = xr[slot * 8 + i];
+                        if (in.w != nullptr) wv[i] = in.w[slot * 8 + i];
+                    }
+                }
+            }
+            float amax = 0.0f;  // (+0.0: |x| >= +0, and a NaN wins max_nan)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                float u = __fmul_rn(v[i], scale);
+                if (in.w != nullptr) u = __fmul_rn(u, wv[i]);
+                v[i] = u;
+                amax = max_nan(amax, fabsf(u));
+            }
+            amax = max_nan(amax, __shfl_xor_sync(FULL_MASK, amax, 1));
+            amax = max_nan(amax, __shfl_xor_sync(FULL_MASK, amax, 2));
+            const float d = __fdiv_rn(amax, 127.0f);
+            int qi[8], isum = 0;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                qi[i] = quant_value(v[i], d);
+                isum += qi[i];
+            }
+            isum += __shfl_xor_sync(FULL_MASK, isum, 1);
+            isum += __shfl_xor_sync(FULL_MASK, isum, 2);
+            if (!live) continue;
+            const u32 lo = (u32)(qi[0] & 255) | (u32)(qi[1] & 255) << 8 | (u32)(qi[2] & 255) << 16 |
+                           (u32)(qi[3] & 255) << 24;
+            const u32 hi = (u32)(qi[4] & 255) | (u32)(qi[5] & 255) << 8 | (u32)(qi[6] & 255) << 16 |
+                           (u32)(qi[7] & 255) << 24;
+            const i64 at = (i64)t * K + slot * 8;
+            *reinterpret_cast<uint2*>(sq + at) = make_uint2(lo, hi);
+            const float s = __fmul_rn(d, (float)isum);
+            const i64 b = (i64)t * nb + slot / 4;
+            if ((slot & 3) == 0) {
+                sd[b] = d;
+                ss[b] = s;
+            }
+            if (!writer) continue;
+            if (in.y != nullptr) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) in.y[at + i] = v[i];
+            }
+            if (in.q != nullptr) {
+                *reinterpret_cast<uint2*>(in.q + at) = make_uint2(lo, hi);
+                if ((slot & 3) == 0) {
+                    in.qd[b] = d;
+                    in.qs[b] = s;
+                }
+            }
+        }
+    }
+    __syncthreads();  // x's quants: written by the block's threads, read across them
+}
