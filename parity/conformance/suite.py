@@ -48,12 +48,15 @@ class CaseSpec:
 
 
 def activations(rng: np.random.Generator, shape, special: bool = True, scale: float = 1.0):
-    """Seeded normal values; with ``special``, SPECIAL planted first and the last row constant."""
+    """Seeded normal values; with ``special``, SPECIAL planted first and, where there is more
+    than one row, the last row constant (a single row, a decode step's, keeps its values: made
+    constant, it was its first special value, 0.0, all along)."""
     x = (rng.standard_normal(shape) * scale).astype(np.float32)
     if special:
         flat = x.reshape(-1)
         flat[: SPECIAL.size] = SPECIAL[: flat.size]
-        x[-1] = x[-1, 0]
+        if x.ndim > 1 and x.shape[0] > 1:
+            x[-1] = x[-1, 0]
     return x
 
 
