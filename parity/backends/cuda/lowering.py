@@ -23,7 +23,8 @@ Launch-level fusions (same operations, same bits as the nodes one by one):
 - with NORM_IN_PRODUCT, a decode step's residual product, the norm of its output and that
   norm's QUANTIZE: the product leaves its blocks' subtrees of the squares (gemv_q_sq), and
   every product that reads the QUANTIZE makes the norm and its Q8A itself, in each block
-  (matmul.cu's *_normed kernels: norm.cuh's NormIn; its block 0 writes the two values).
+  (matmul.cu's *_normed kernels: norm.cuh's NormIn; block 0 of the first of them writes the
+  two values).
 
 Every node's value is still written to its own buffer (the runtime may read any of them back),
 so a fusion only saves a launch and a pass over memory.
@@ -142,11 +143,15 @@ GLU_IN_PRODUCT = False
 # (q/k/v, gate/up) made by those products, each block norming and quantizing x from the
 # residual product's output and its blocks' subtrees of the squares: the norm takes no launch
 # (SmolLM2 and Qwen 7 -> 5 a layer, attention's second aside). Bit-exact (emulator, H100), and
-# slower on an H100: the step 0.758 -> 0.836 ms (SmolLM2), 0.832 -> 1.079 (Qwen); each
-# block's norm adds about 4 us to its product where rms_norm_f32 took 4.3 (docs/perf.md,
-# sixteenth session), so off
+# slower on an H100: the step 0.755-0.763 -> 0.832-0.841 ms (SmolLM2), 0.832-0.838 -> 1.079
+# (Qwen); each block's norm adds about 4 us to its product where rms_norm_f32 took about 4.2
+# (docs/perf.md, sixteenth session), so off
 NORM_IN_PRODUCT = False
 NORM_IN_RUN = 8  # norm.cuh's: subtrees of the squares a thread of the 128
+NORM_IN_SHARED_MAX = 32 << 10  # ... x's Q8A in a block's dynamic shared memory (below 48 KiB
+# with the GEMV's own, so no opt-in)
+NORM_IN_ROWS = 16  # ... for readers of at most this many rows a column of x (not the head,
+# whose every block would norm x again)
 HEAD_NORM = 4  # matmul.cu's: added to a q/k/v launch's ROPE mode
 GEMV_NORM_WIDTH_MAX = 32 * GEMV_WARPS * 256  # ... of rows up to this wide (norm.cuh's NORM_MAXL)
 SPLIT_TOKENS = 4  # flash decoding for at most this many tokens
@@ -587,7 +592,8 @@ class Lowering:
             return None
         nodes = self.graph.nodes
         norm = self._norm_of(i)
-        if norm is None or next_pow2(n) // rows > NORM_IN_RUN * 32 * GEMV_WARPS or n % 32:
+        if (norm is None or next_pow2(n) // rows > NORM_IN_RUN * 32 * GEMV_WARPS or n % 32
+                or normed_shared(t, n) > NORM_IN_SHARED_MAX):  # fmt: skip
             return None
         readers = self.readers.get(norm, [])
         if len(readers) != 1 or nodes[readers[0]].op is not Op.QUANTIZE:
@@ -599,7 +605,7 @@ class Lowering:
                 return None
             w = nodes[node.src[1]]
             wide = self._wide_blocks(w.dtype, t, node.shape[1], w.shape[1], 0)
-            if w.dtype in FLOAT_WEIGHTS or wide:
+            if w.dtype in FLOAT_WEIGHTS or wide or node.shape[1] > NORM_IN_ROWS * n:
                 return None
         if not users:
             return None
