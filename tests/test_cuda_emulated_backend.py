@@ -449,13 +449,13 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
 # rows), llama's 320 wide, not a power of two (a norm's runs padded past the subtrees)
 ODD_WIDTHS = {
     "llama": {"n_embd": 320, "n_head": 5, "n_head_kv": 1, "n_ff": 1536},
-    "qwen2": {"n_ff": 2560},
+    "qwen2": {"n_ff": 2304},
 }
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_norms_made_by_their_products_are_bit_exact_in_the_emulator(arch, monkeypatch) -> None:
-    """NORM_IN_PRODUCT: a 7-token prompt and a decode step by the GEMV kernels, each layer's
+    """NORM_IN_PRODUCT: a 3-token prompt and a decode step by the GEMV kernels, each layer's
     norms made by the products that read them (q/k/v with their ROPEs and cache rows, gate/up
     with SWIGLU and its Q8A) from the o and down products' subtrees of the squares: every node
     bit-identical to the cpu oracle's (the norms' and their QUANTIZEs' values too, which the
@@ -481,7 +481,7 @@ def test_norms_made_by_their_products_are_bit_exact_in_the_emulator(arch, monkey
     monkeypatch.setattr(lowering, "NORM_IN_PRODUCT", True)
     spec, weights = synthetic_model(tiny_spec(arch, n_ctx_train=1024, **ODD_WIDTHS[arch]),
                                     seed=7)  # fmt: skip
-    report = compare_steps(arch, spec, weights, [3, 141, 59, 26, 5, 35, 89], 2,
+    report = compare_steps(arch, spec, weights, [3, 141, 59], 2,
                            lambda: CpuBackend(Device("cpu")), _backend)  # fmt: skip
     assert report.violation is None and report.first_divergent is None
     assert report.identical_share == 1.0 and report.tokens_agree == 2
