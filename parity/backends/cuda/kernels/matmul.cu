@@ -319,10 +319,12 @@ gemv_q_sq(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const fl
         const float v = kept[t * ROWS + r];
         sq[r] = blockIdx.x * ROWS + r < N ? __fmul_rn(v, v) : 0.0f;
     }
-    float sum = sq[0];
-    if (ROWS == 2) sum = __fadd_rn(sq[0], sq[ROWS - 1]);
-    if (ROWS == 4) sum = __fadd_rn(__fadd_rn(sq[0], sq[1 % ROWS]), __fadd_rn(sq[2 % ROWS], sq[3 % ROWS]));
-    parts[(i64)t * gridDim.x + blockIdx.x] = sum;
+#pragma unroll
+    for (int step = 1; step < ROWS; step <<= 1) {  // the subtree, level by level
+#pragma unroll
+        for (int r = 0; r + step < ROWS; r += 2 * step) sq[r] = __fadd_rn(sq[r], sq[r + step]);
+    }
+    parts[(i64)t * gridDim.x + blockIdx.x] = sq[0];
 }
 
 // x of a gemv_q_normed kernel: the Q8A its prologue (norm.cuh's norm_in_x) writes into the
