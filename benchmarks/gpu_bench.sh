@@ -321,9 +321,13 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
   # (sixteenth session: a decode norm made by the products that read it, off)
   run conformance_norm_in python3 benchmarks/with_lowering.py NORM_IN_PRODUCT=1 -- -m parity \
     conformance cuda -k fusion -k norm &
+  # (seventeenth session: a decode kernel's loads before PDL's wait, EARLY_LOADS, off; its race
+  # with the kernel before shows in the twins' decode steps: `compare` with EARLY=1)
+  run conformance_early python3 benchmarks/with_lowering.py EARLY_LOADS=1 -- -m parity \
+    conformance cuda &
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
          conformance_fast_attention1 conformance_fast_attention2 conformance_fast_gemm
-         conformance_fast_gemm_half conformance_fast_glu1 conformance_norm_in)
+         conformance_fast_gemm_half conformance_fast_glu1 conformance_norm_in conformance_early)
   # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
   if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
     files+=(conformance_triton)
@@ -353,6 +357,18 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
   exit
 fi
 if [ "$stage" = compare ]; then
+  # (EARLY=1: with EARLY_LOADS, the models in parallel, prompts of 1 and 600 tokens, 16 steps
+  # and 64 greedy tokens each: flash decoding's early loads under PDL against the cpu oracle)
+  if [ "${EARLY:-0}" = 1 ]; then
+    for m in $models; do
+      { timeout "${COMPARE_S:-300}" python3 benchmarks/with_lowering.py EARLY_LOADS=1 -- \
+          benchmarks/gpu_compare.py /tmp/$m.gguf --prompts 1,600 --steps 16 --greedy 64
+        echo "rc $?"; } > "$out/compare_early_$m.txt" 2>&1 &
+    done
+    wait
+    for m in $models; do echo "== compare cpu,cuda EARLY_LOADS=1 $m"; cat "$out/compare_early_$m.txt"; done
+    exit 0
+  fi
   for m in $models; do
     echo "== compare cpu,cuda $m"
     timeout "${COMPARE_S:-300}" python3 benchmarks/gpu_compare.py /tmp/$m.gguf 2>&1 | tee -a "$out/compare.txt"

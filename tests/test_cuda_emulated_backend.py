@@ -491,6 +491,50 @@ def test_norms_made_by_their_products_are_bit_exact_in_the_emulator(arch, monkey
     assert len(rows) == 2, launched  # (WPR: o's 1, down's 2 or 4)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_loads_before_the_wait_are_bit_exact_in_the_emulator(arch, monkeypatch) -> None:
+    """EARLY_LOADS with PDL on: a 3-token prompt and two decode steps whose attention_chunks
+    load their K rows and V values before the wait (and row p after it), whose q/k/v
+    launches load their rotations' positions, cos and sin before it (neox pairs for qwen2,
+    adjacent ones for llama), and whose o and down products load their residuals before it;
+    every node bit-identical to the oracle's. (The emulator runs
+    launches one after another: the kernels' paths and the lowering's choice are checked
+    here; row p's reload, and attention_sums past 512 positions, in test_cuda_kernels_emulated
+    with late writes.)"""
+    from cuda_emulator.backend import EmulatedDriver
+
+    from parity.arch.synthetic import synthetic_model, tiny_spec
+    from parity.backends.cpu.backend import CpuBackend
+    from parity.backends.cuda import lowering
+    from parity.conformance.compare_steps import compare_steps
+    from parity.core.backend import Device
+
+    launched: Counter[str] = Counter()
+    launch = EmulatedDriver.launch
+
+    def counted(self, made, stream):
+        launched[self.library.kernel(made.fn)[1]] += 1
+        launch(self, made, stream)
+
+    def with_pdl():
+        backend = _backend()
+        backend.pdl = True  # (the lowering's choice; the emulator ignores the attribute)
+        return backend
+
+    monkeypatch.setattr(EmulatedDriver, "launch", counted)
+    monkeypatch.setattr(lowering, "EARLY_LOADS", True)
+    spec, weights = synthetic_model(tiny_spec(arch, n_ctx_train=1024), seed=9)
+    report = compare_steps(arch, spec, weights, [3, 141, 59], 3,
+                           lambda: CpuBackend(Device("cpu")), with_pdl)  # fmt: skip
+    assert report.violation is None and report.first_divergent is None
+    assert report.identical_share == 1.0 and report.tokens_agree == 3
+    assert launched["attention_chunks<64, 0, 1, 1, 0, 1>"] > 0, launched  # (the prompt's: not)
+    modes = {int(n.rsplit(", ", 1)[1][:-1]) for n in launched if n.startswith("gemv_q_multi<")}
+    assert modes and all(m & lowering.ROPE_EARLY for m in modes), launched
+    epis = {int(n.split(", ")[2]) for n in launched if n.startswith("gemv_q<")}  # o and down
+    assert epis == {lowering.EPI_RESIDUAL | lowering.EPI_RES_EARLY}, launched
+
+
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("switched", [False, True])
 def test_gemma3_norms_wider_than_a_block_are_bit_exact_in_the_emulator(

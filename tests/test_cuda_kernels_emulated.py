@@ -46,6 +46,10 @@ KERNELS = [
     "attention_sums<64, 0, 1, 7, 5>",
     "attention_chunks<256, 0, 8, 2, 1>",
     "attention_sums<256, 0, 8, 2, 1>",
+    # loads before PDL's wait (EARLY_LOADS): <d, MINB, FOLD, H, HC, EARLY>
+    "attention_chunks<64, 0, 1, 1, 0, 1>",
+    "attention_sums<64, 0, 1, 1, 0, 1>",
+    "attention_sums<256, 0, 1, 1, 0, 1>",
 ]
 
 
@@ -63,12 +67,14 @@ def ptr(a: np.ndarray | None) -> int | None:
 
 
 def run(lib, kind, q, k, v, pos, *, nh, nkv, d, scale, window=0, one_launch=2, quantize=False,
-        tile=0, shared=None, together=None):  # fmt: skip
+        tile=0, shared=None, together=None, early=False, late=()):  # fmt: skip
     """The lowering's launches for ``kind`` (rows, gqa, tiles, chunks), on host arrays: out and,
     with ``quantize``, its Q8 activations (q, d, s). ``tile``: attention_tiles' tokens a block
     (0: the lowering's choice); ``shared``: its dynamic shared memory (None: the lowering's).
     ``together``: flash decoding's (FOLD, HC) with the query heads of a KV head in one block
-    from HC chunks on (None: a block a head)."""
+    from HC chunks on (None: a block a head). ``early``: flash decoding's loads before PDL's
+    wait, as EARLY_LOADS picks them (attention_chunks' for heads of 64, attention_sums');
+    ``late``: (dst, poison, truth) arrays, late writes (the emulator's) of the first launch."""
     t, n_ctx = q.shape[0], k.shape[0]
     out = np.full_like(q, np.nan)
     a = AttnArg()
@@ -91,8 +97,12 @@ def run(lib, kind, q, k, v, pos, *, nh, nkv, d, scale, window=0, one_launch=2, q
         a.part, a.tickets, a.scores, a.pmax = ptr(part), ptr(tickets), ptr(scores), ptr(pmax)
         a.chunks_one_launch = one_launch
         args = f"{d}" if together is None else f"{d}, 0, {together[0]}, {nh // nkv}, {together[1]}"
-        lib.launch(f"attention_chunks<{args}>", (nh, t, chunks), (CHUNK,), [a])
-        lib.launch(f"attention_sums<{args}>", (nh, t, chunks), (CHUNK,), [a])
+        early_args = f"{d}, 0, 1, 1, 0, 1" if early else args
+        for dst, poison, truth in late:
+            lib.late_write(dst.ctypes.data, poison.ctypes.data, truth.ctypes.data, dst.nbytes)
+        lib.launch(f"attention_chunks<{early_args if d == 64 else args}>", (nh, t, chunks),
+                   (CHUNK,), [a])  # fmt: skip
+        lib.launch(f"attention_sums<{early_args}>", (nh, t, chunks), (CHUNK,), [a])
         assert not tickets.any(), "the tickets are zero again between launches"
     elif kind == "tiles":
         tq = tile or tile_tokens(t, nh // nkv, nkv, d)
@@ -247,6 +257,47 @@ def test_flash_decoding_heads_of_256_together(lib) -> None:
     first chunk: depth 3 sums one batch of V rows, 600 three chunks."""
     check(lib, "chunks", seed=9, nh=4, nkv=2, d=256, pos=[3, 600], n_ctx=768, one_launch=0,
           together=(8, 1))  # fmt: skip
+
+
+@pytest.mark.parametrize("d", [64, 256])
+def test_flash_decoding_loads_before_the_wait_take_row_p_after_it(lib, d) -> None:
+    """EARLY_LOADS, a step of one token: attention_chunks (heads of 64) loads the position, its
+    K rows and V values before PDL's wait, while the kernel before still writes row p, and row
+    p again after it; attention_sums (two launches after that write) its V values. Row p of K
+    and V is a late write here: NaN and inf in every block until it passes its wait, the real
+    row after. The outputs are the oracle's, at positions on both sides of the warps' 32 rows,
+    the runs' 64 and the chunks' 256, in one launch and through scratch (700). The same late
+    write of a V row that attention_sums loads early poisons its output: the stand-in bites."""
+    nh, nkv = (3, 1) if d == 64 else (2, 1)
+    scale = float(F32(1 / np.sqrt(d)))
+    for p in (0, 5, 31, 32, 63, 64, 255, 256, 300, 700):
+        pos = np.array([p], np.int32)
+        q, k, v = inputs(11 + p, 1, 768, nh, nkv, d, pos, q_scale=4.0)
+        want = ops.attention(q, k, v, pos, n_head=nh, n_head_kv=nkv, head_dim=d, scale=scale)
+        poison_k, poison_v = np.full_like(k[p], np.nan), np.full_like(v[p], np.inf)
+        late = [(k[p], poison_k, k[p].copy()), (v[p], poison_v, v[p].copy())]
+        out, *_ = run(lib, "chunks", q, k, v, pos, nh=nh, nkv=nkv, d=d, scale=scale, early=True,
+                      late=late, quantize=True)  # fmt: skip
+        assert out.tobytes() == want.tobytes(), p
+    # attention_sums' early loads see a write the kernel before makes (700: its path); a late
+    # write of one of its V rows stands in for one (there is none: the lowering's rule)
+    pos = np.array([700], np.int32)
+    q, k, v = inputs(12, 1, 768, nh, nkv, d, pos)
+    row = v[520].copy()  # (among the first 64 of its run: loaded early)
+    original = lib.launch
+
+    def late_for_sums(name, *args, **kwargs):
+        if name.startswith("attention_sums"):
+            lib.late_write(v[520].ctypes.data, np.full_like(row, np.inf).ctypes.data,
+                           row.ctypes.data, row.nbytes)  # fmt: skip
+        original(name, *args, **kwargs)
+
+    lib.launch = late_for_sums
+    try:
+        out, *_ = run(lib, "chunks", q, k, v, pos, nh=nh, nkv=nkv, d=d, scale=scale, early=True)
+    finally:
+        del lib.launch
+    assert np.isnan(out).any() or np.isinf(out).any()
 
 
 def test_all_zero_values_keep_their_sign(lib) -> None:

@@ -137,6 +137,8 @@ KERNELS = [
     ("matmul.cu", "gemv_q_q8<8, 1, 8, 1>"),
     ("matmul.cu", "gemv_q_multi<8, 8, 1, 0, 1, 6>"),
     ("matmul.cu", "gemv_q_multi<8, 8, 4, 0, 1, 5>"),
+    ("matmul.cu", "gemv_q_multi<12, 14, 1, 1, 1, 10>"),  # (... EARLY_LOADS: ROPE_EARLY)
+    ("matmul.cu", "gemv_q<3, 1, 18, 1>"),  # (... EPI_RES_EARLY)
     ("matmul.cu", "gemv_f<1, 1, 2>"),
     ("matmul.cu", "gemm_q<14, 10, 1>"),
     ("matmul.cu", "gemm_q<12, 6, 4>"),
@@ -165,6 +167,9 @@ KERNELS = [
     ("attention.cu", "attention_sums<64, 0, 8, 7, 3>"),
     ("attention.cu", "attention_chunks<256, 0, 8, 4, 8>"),
     ("attention.cu", "attention_sums<256, 0, 8, 4, 8>"),
+    ("attention.cu", "attention_chunks<64, 0, 1, 1, 0, 1>"),  # (... EARLY_LOADS)
+    ("attention.cu", "attention_sums<64, 0, 1, 1, 0, 1>"),
+    ("attention.cu", "attention_sums<256, 0, 1, 1, 0, 1>"),
     ("attention.cu", "attention_rows_gqa<64, 7>"),
     ("attention.cu", "attention_rows_gqa<256, 4>"),
     *(("attention.cu", f"attention_tiles<{d}>") for d in (64, 128, 256)),
@@ -654,6 +659,58 @@ def test_norm_in_product_leaves_the_norms_to_their_products(name, tokens, monkey
             assert arg.y and arg.q and arg.qd and arg.qs and arg.parts and arg.w
             assert (arg.level, arg.np) == (levels[kernel], spec.n_embd >> levels[kernel])
             assert launch.shared == lowering_mod.normed_shared(tokens, spec.n_embd)
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b", "gemma3"])
+@pytest.mark.parametrize("tokens", [1, 3])
+@pytest.mark.parametrize("pdl", [True, False])
+def test_early_loads_where_the_kernel_before_cannot_be_writing(name, tokens, pdl, monkeypatch):
+    """EARLY_LOADS, under PDL only: q/k/v's rotations load the positions (a step's input) early
+    (not Gemma 3's, whose launch norms the heads first); attention_chunks its K and V rows for
+    one token only (three: the KV_WRITE before it wrote three rows), and not for heads of 256;
+    attention_sums always (the KV_WRITE is two launches back); o and down their residuals
+    (SmolLM2's and Qwen's: written two launches back or more; Gemma 3's residual adds are its
+    norms'). The same launches otherwise. (Gemma 3: the tiny spec, the real one's layers.)"""
+    from parity.arch.params import GraphParams
+    from parity.arch.synthetic import synthetic_model, tiny_spec
+    from parity.backends.cuda import lowering as lowering_mod
+    from parity.core.ir import Op
+
+    gemma = name == "gemma3"
+    spec = synthetic_model(tiny_spec(name, n_ctx_train=2048), seed=1)[0] if gemma else (
+        _twin_spec(name))  # fmt: skip
+    views = lambda graph: frozenset(  # noqa: E731
+        i for i, n in enumerate(graph.nodes) if n.op is Op.RESHAPE
+    )
+    params = GraphParams(n_tokens=tokens, n_ctx=1024, output="argmax" if tokens == 1 else "logits")
+
+    def names(early: bool) -> list[str]:
+        monkeypatch.setattr(lowering_mod, "EARLY_LOADS", early)
+        lowered = _lower(spec, params, views, pdl=pdl)[3]
+        return [launch.name for _, (launch, *_) in lowered.launches if hasattr(launch, "name")]
+
+    before, after = names(False), names(True)
+    assert [n.split("<")[0] for n in after] == [n.split("<")[0] for n in before]
+    changed = {(a, b) for a, b in zip(before, after, strict=True) if a != b}
+    if not pdl:
+        assert not changed
+        return
+    d = spec.head_dim
+    want = {f"attention_sums<{d}>": f"attention_sums<{d}, 0, 1, 1, 0, 1>"}
+    if tokens == 1 and d < 256:
+        want[f"attention_chunks<{d}>"] = f"attention_chunks<{d}, 0, 1, 1, 0, 1>"
+    for a, b in changed:
+        kernel = a.split("<")[0]
+        if kernel == "gemv_q_multi":  # the ROPE mode, last
+            assert not gemma
+            assert int(b.rsplit(", ", 1)[1][:-1]) == int(a.rsplit(", ", 1)[1][:-1]) | 8
+        elif kernel == "gemv_q":  # the epilogue, third
+            assert not gemma and (a.split(", ")[2], b.split(", ")[2]) == ("2", "18")
+        else:
+            assert want.get(a) == b, (a, b)
+    kinds = {a.split("<")[0] for a, _ in changed}
+    assert kinds == {w.split("<")[0] for w in want} | (
+        set() if gemma else {"gemv_q_multi", "gemv_q"})  # fmt: skip
 
 
 @pytest.mark.parametrize("tokens", [1, 7])

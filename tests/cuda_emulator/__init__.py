@@ -73,6 +73,7 @@ class Library:
         )
         self._lib.emu_error.restype = ctypes.c_char_p
         self._lib.emu_reverse.argtypes = [ctypes.c_int]
+        self._lib.emu_late_write.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_size_t]
         self._index = {name: i for i, name in enumerate(names)}
         # resume a block's threads last to first between barriers: a missing barrier whose
         # writer precedes its reader in one order shows in the other
@@ -89,6 +90,13 @@ class Library:
         """Run kernel ``name`` over ``grid`` with ``args`` (ctypes values, in order)."""
         params = (ctypes.c_void_p * max(1, len(args)))(*[ctypes.addressof(a) for a in args])
         self.launch_params(name, grid, block, params, dynamic_smem)
+
+    def late_write(self, dst: int, poison: int, truth: int, nbytes: int) -> None:
+        """For the next launch only: ``nbytes`` at address ``dst`` hold the bytes at ``poison``
+        when each block starts and those at ``truth`` once its threads pass pdl_begin (a write
+        of the kernel before, seen by a kernel under PDL; emu.hpp's Late). The caller keeps the
+        three buffers alive."""
+        self._lib.emu_late_write(dst, poison, truth, nbytes)
 
     def launch_params(self, name: str, grid, block, params, dynamic_smem: int = 0) -> None:
         """``launch`` with the arguments as CUDA's ``void** params`` (``Launch.params``)."""
@@ -111,6 +119,10 @@ def _source(files: list[str], names: list[str]) -> str:
         lines.append(_DYNAMIC.sub(r"\1* \2 = static_cast<\1*>(emu::dynamic_smem());", text))
     lines.append('extern "C" const char* emu_error() { return emu::state().error; }')
     lines.append('extern "C" void emu_reverse(int on) { emu::state().reverse = on != 0; }')
+    lines.append(
+        'extern "C" void emu_late_write(void* dst, const void* poison, const void* truth,'
+        " size_t n) { emu::state().late.push_back({dst, poison, truth, n}); }"
+    )
     lines.append(
         'extern "C" int emu_launch(int k, unsigned gx, unsigned gy, unsigned gz, unsigned bx,'
         " unsigned by, unsigned bz, void* const* params, size_t dyn) {"

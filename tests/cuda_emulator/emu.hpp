@@ -93,6 +93,17 @@ struct Warp {
     int words[32][8];  // a matrix fragment's registers, by lane (mma)
 };
 
+// A test's stand-in for a write the kernel before makes while this one, launched under PDL,
+// already runs: each block starts with ``poison`` at ``dst`` and finds ``truth`` there once its
+// threads are past pdl_begin (emu_late_write; one launch's, then dropped). A load the kernel
+// issues before its wait that it does not make again after sees the poison.
+struct Late {
+    void* dst;
+    const void* poison;
+    const void* truth;
+    size_t n;
+};
+
 struct State {
     dim3 grid, block, block_idx;
     int nthreads = 0;
@@ -108,6 +119,7 @@ struct State {
     bool trapped = false;
     void (*body)(const void*) = nullptr;
     const void* arg = nullptr;
+    std::vector<Late> late;  // the next launch's late writes
     char error[256] = {0};
 };
 
@@ -214,6 +226,7 @@ inline int run_grid(void (*body)(const void*), const void* arg, dim3 grid, dim3 
         for (unsigned by = 0; by < grid.y; ++by)
             for (unsigned bx = 0; bx < grid.x; ++bx) {
                 s.block_idx = dim3{bx, by, bz};
+                for (const Late& l : s.late) std::memcpy(l.dst, l.poison, l.n);
                 s.bar = Barrier{(int)n, 0, 0};
                 for (auto& w : s.warps) w.bar.arrived = 0, w.bar.gen = 0;
                 for (long i = 0; i < n; ++i) {
@@ -280,7 +293,22 @@ template <typename... A>
 inline int launch(void (*fn)(A...), void* const* params, dim3 grid, dim3 block,
                   size_t dynamic_smem) {
     Kernel<A...>::fn = fn;
-    return run_grid(&Kernel<A...>::body, params, grid, block, dynamic_smem);
+    const int rc = run_grid(&Kernel<A...>::body, params, grid, block, dynamic_smem);
+    for (const Late& l : state().late) std::memcpy(l.dst, l.truth, l.n);  // (a trapped block's)
+    state().late.clear();
+    return rc;
+}
+
+// common.cuh's pdl_begin: with late writes pending, a barrier of the block (every thread of a
+// kernel calls pdl_begin, as on the device) across which thread 0 writes their values
+inline void pdl_wait() {
+    State& s = state();
+    if (s.late.empty()) return;
+    sync_block();  // every thread's loads before the wait are made
+    if (s.cur->tid.x == 0 && s.cur->tid.y == 0 && s.cur->tid.z == 0) {
+        for (const Late& l : s.late) std::memcpy(l.dst, l.truth, l.n);
+    }
+    sync_block();
 }
 
 inline void* dynamic_smem() { return state().dynamic_smem.data(); }

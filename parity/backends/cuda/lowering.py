@@ -102,6 +102,7 @@ MMA_WSTRIDE = 80  # words of a row of its unpacked quants
 MMA_BLOCK_PAIRS = 10  # (d, s) pairs a token's row of activation blocks takes (MmaGeom::DS)
 ATTENTION_DIMS = (64, 128, 256)
 EPI_BIAS, EPI_RESIDUAL, EPI_SWIGLU, EPI_GEGLU = 1, 2, 4, 8
+EPI_RES_EARLY = 16  # ... and a GEMV's residual loaded before PDL's wait (EARLY_LOADS)
 FLOAT_WEIGHTS = (DType.F32, DType.F16, DType.BF16)
 NORM_THREADS = 1024  # norm.cuh's
 # ... and a decode step's norms' (a row or two a launch: 4 us each on the H200, 61 a SmolLM2
@@ -153,6 +154,20 @@ NORM_IN_SHARED_MAX = 32 << 10  # ... x's Q8A in a block's dynamic shared memory 
 NORM_IN_ROWS = 16  # ... for readers of at most this many rows a column of x (not the head,
 # whose every block would norm x again)
 HEAD_NORM = 4  # matmul.cu's: added to a q/k/v launch's ROPE mode
+ROPE_EARLY = 8  # ... and its rotations' positions, cos and sin loaded before PDL's wait
+# Under PDL, a kernel's loads of values no kernel of the step has written yet, or that were
+# written two launches back or more, issued before its wait, while the kernel before it still
+# runs. A kernel starts only once every block of the one before has passed its own wait, so the
+# one two back has finished then (common.cuh's pdl_begin); such loads go at L2 (__ldcg): the
+# positions (a step's input) in flash decoding and in the q/k/v launch's rotations with their
+# cos and sin; a decode GEMV's residual (o's and down's: the residual stream, written two
+# launches back or more; not a norm that NORM_IN_PRODUCT leaves to a later launch's block 0);
+# for a step of one token, attention_chunks' K rows and V values but row p's (the
+# step's KV_WRITE, the launch before: row p again after the wait; not for heads of 256, whose
+# kernel would spill 32 bytes at its 255 registers); attention_sums' V values (the KV_WRITE
+# two launches back). The same values, so the same bits (the emulator's late writes check the
+# reload). Until a GPU times it: off
+EARLY_LOADS = False
 GEMV_NORM_WIDTH_MAX = 32 * GEMV_WARPS * 256  # ... of rows up to this wide (norm.cuh's NORM_MAXL)
 SPLIT_TOKENS = 4  # flash decoding for at most this many tokens
 GQA_HEADS_MAX = 8  # prefill attention takes up to this many query heads of a KV head a block
@@ -268,15 +283,18 @@ HEADS_WIDTH_MAX = 1024  # ... (attention.cu's shared memory: 36 KiB of tiles, 4 
 NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs
 
 
-def flash_kernel(name: str, d: int, min_blocks: int, heads: int = 1) -> str:
+def flash_kernel(name: str, d: int, min_blocks: int, heads: int = 1, early: bool = False) -> str:
     """attention_chunks' or attention_sums' name for heads of ``d``, ``min_blocks``,
-    FOLD_BATCH and ``heads`` query heads a KV head (HEADS_TOGETHER_CHUNKS)."""
+    FOLD_BATCH, ``heads`` query heads a KV head (HEADS_TOGETHER_CHUNKS) and ``early`` loads
+    (EARLY_LOADS)."""
     chunks = HEADS_TOGETHER_CHUNKS[d]
-    if chunks > 0 and 2 <= heads <= GQA_HEADS_MAX and heads * d <= HEADS_WIDTH_MAX:
-        return f"{name}<{d}, {min_blocks}, {FOLD_BATCH}, {heads}, {chunks}>"
-    if min_blocks == 0 and FOLD_BATCH == 1:
-        return f"{name}<{d}>"
-    return f"{name}<{d}, {min_blocks}, {FOLD_BATCH}>"
+    together = chunks > 0 and 2 <= heads <= GQA_HEADS_MAX and heads * d <= HEADS_WIDTH_MAX
+    if not together and not early:
+        if min_blocks == 0 and FOLD_BATCH == 1:
+            return f"{name}<{d}>"
+        return f"{name}<{d}, {min_blocks}, {FOLD_BATCH}>"
+    h, hc = (heads, chunks) if together else (1, 0)
+    return f"{name}<{d}, {min_blocks}, {FOLD_BATCH}, {h}, {hc}{', 1' if early else ''}>"
 
 
 def grid1(n: int, per: int = 256, cap: int = 65535) -> tuple[int, int, int]:
@@ -425,6 +443,24 @@ class NormInProducts:
     launched: bool = False  # ... or rms_norm_f32 did, for a reader that cannot make it
 
 
+class _Done(set):
+    """Lowering.done: the nodes computed so far, and the order they came in (``order``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: list[int] = []
+
+    def add(self, i: int) -> None:
+        if i not in self:
+            self.order.append(i)
+            super().add(i)
+
+    def update(self, *items) -> None:
+        for group in items:
+            for i in group:
+                self.add(i)
+
+
 @attrs.define
 class Lowered:
     """A split's launches, and the extra device buffers they write (scratch)."""
@@ -477,7 +513,10 @@ class Lowering:
         self._fast_x = -1  # the Q8A x whose floats the FAST_GEMM scratch holds last
         self._weight_tops: dict[int, Any] = {}  # FAST_GEMM_HALF: each weight's rows' bounds
         self.out: Lowered = Lowered([], [], set(), [])
-        self.done: set[int] = set()
+        self.done = _Done()
+        # EARLY_LOADS: for each node done, the launches made by the end of the node's lowering
+        # that did it (its value's writer is one of them, or none)
+        self._written: dict[int, int] = {}
         self._shared: dict[str, tuple[int, Any]] = {}  # name: (elements, buffer)
         # NORM_IN_PRODUCT: the subtrees a residual product left for the norm of its output
         # (norm: (parts, level, np)), then the norms left to their products, by QUANTIZE
@@ -532,8 +571,19 @@ class Lowering:
     def _lower_node(self, i: int) -> None:
         node = self.graph.nodes[i]
         follow = [u for u in self.readers.get(i, []) if u in self.inside and u not in self.done]
+        first = len(self.done.order)
         getattr(self, f"_{node.op.name.lower()}")(i, node, follow)
         self.done.add(i)
+        for j in self.done.order[first:]:
+            self._written[j] = len(self.out.launches)
+
+    def _written_before_last(self, i: int) -> bool:
+        """Whether node ``i``'s value was written two launches back or earlier, or by nothing of
+        the split: the next launch may load it before PDL's wait (EARLY_LOADS). A norm left to
+        its products (NORM_IN_PRODUCT) is done before the launch that writes it: never."""
+        if any(i in (n.norm, n.quantize) for n in self._norm_in.values()):
+            return False
+        return i not in self.inside or self._written.get(i, 1 << 30) < len(self.out.launches)
 
     def _pull(self, i: int) -> bool:
         """Make node ``i``'s value exist before the next launch, launching it now if it is a
@@ -969,12 +1019,14 @@ class Lowering:
                 pmax = self._shared_scratch("pmax", DType.F32, th * chunks)
                 a.scores, a.pmax = scores.data_ptr(), pmax.data_ptr()
             heads = arg.n_head // arg.n_head_kv
+            early = self._early_positions(node.src[3])  # (attention_sums: the cache too)
             self._launch("attention.cu",
-                         flash_kernel("attention_chunks", d, CHUNKS_MIN_BLOCKS, heads),
+                         flash_kernel("attention_chunks", d, CHUNKS_MIN_BLOCKS, heads,
+                                      early and t == 1 and d < 256 and self._writes_row_p(node)),
                          grid, (256, 1, 1), [a])  # fmt: skip
             if more:
                 self._launch("attention.cu",
-                             flash_kernel("attention_sums", d, SUMS_MIN_BLOCKS, heads),
+                             flash_kernel("attention_sums", d, SUMS_MIN_BLOCKS, heads, early),
                              grid, (256, 1, 1), [a])  # fmt: skip
         elif PREFILL_TILES and arg.n_head // arg.n_head_kv <= tile_rows(d):
             heads = arg.n_head // arg.n_head_kv
@@ -1001,6 +1053,18 @@ class Lowering:
                          (256, 1, 1), [a])  # fmt: skip
         if qn is not None:
             self.done.add(qn)
+
+    def _early_positions(self, positions: int) -> bool:
+        """Whether a launch may load ``positions`` before PDL's wait (EARLY_LOADS): a step's
+        input, which no kernel writes."""
+        return EARLY_LOADS and self.pdl and self.graph.nodes[positions].op is Op.INPUT
+
+    def _writes_row_p(self, attention: Node) -> bool:
+        """Whether the step's only writes of ``attention``'s caches are KV_WRITEs of a cache
+        leaf at its own positions: for one token, row p alone (attention_chunks' EARLY)."""
+        nodes = self.graph.nodes
+        return all(nodes[nodes[c].src[0]].op is Op.STATE and nodes[c].src[2] == attention.src[3]
+                   for c in attention.src[1:3])  # fmt: skip
 
     # -- matrix products ------------------------------------------------------------------------
 
@@ -1068,7 +1132,9 @@ class Lowering:
             block = (32 * GEMV_WARPS, 1, 1)
             wpr = gemv_warps_per_row(w.dtype, k)
             grid = (-(-n // (GEMV_WARPS // wpr)), 1, 1)
-            kind = f"{w.dtype.value}, {tmax}, {epi}, {wpr}"
+            early = (EARLY_LOADS and self.pdl and res is not None
+                     and self._written_before_last(res))  # fmt: skip
+            kind = f"{w.dtype.value}, {tmax}, {epi | (EPI_RES_EARLY if early else 0)}, {wpr}"
             if q8 is not None and n % 32 == 0:
                 self._launch("matmul.cu", f"gemv_q_q8<{kind}>", grid, block,
                              [pointer(out), xq, *common, *self._q8_out(n, q8, glu)])  # fmt: skip
@@ -1503,6 +1569,8 @@ class Lowering:
         a.positions, a.cos_t, a.sin_t = (self._ptr(s).value for s in r0.src[1:])
         a.head_dim, a.n_rot = arg.head_dim, arg.n_rot
         mode = 2 if arg.mode == "neox" else 1
+        if not normed and self._early_positions(positions):
+            mode |= ROPE_EARLY
         if normed:
             counts = [nodes[i].shape[1] // arg.head_dim for i in slots[:2]]
             a.heads0 = counts[0]

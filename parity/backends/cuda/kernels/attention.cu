@@ -76,7 +76,9 @@ __device__ __forceinline__ bool seen(int pos, int lo, int p) { return pos >= lo 
 // This warp's K rows [row0, row0 + 32), slabs [s0, s0 + G), in registers: coalesced 16-byte
 // loads, lane l holding columns 4(l % 8) .. +3 of rows 4j + l / 8 (j < 8). Rows past p read
 // row p (valid; the caller drops their scores); a warp whose rows are all past p loads nothing.
-template <int G>
+// L2: at L2 (__ldcg), not through L1 (loads before PDL's wait: a row the kernel before still
+// writes must not stay in L1 for a later load to find).
+template <int G, bool L2 = false>
 __device__ __forceinline__ void load_k(float4 (&kb)[G][8], const float* kbase, int width, int p,
                                        int row0, int s0) {
     const int lane = threadIdx.x & 31;
@@ -86,9 +88,26 @@ __device__ __forceinline__ void load_k(float4 (&kb)[G][8], const float* kbase, i
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const int f = j * 32 + lane, r = f >> 3, c4 = f & 7;
-            kb[g][j] = *reinterpret_cast<const float4*>(kbase + (i64)min(row0 + r, p) * width +
-                                                        (s0 + g) * 32 + c4 * 4);
+            const float4* at = reinterpret_cast<const float4*>(
+                kbase + (i64)min(row0 + r, p) * width + (s0 + g) * 32 + c4 * 4);
+            kb[g][j] = L2 ? __ldcg(at) : *at;
         }
+    }
+}
+
+#define VPRE_OF(D) ((D) < 64 ? (D) : 64)  // V rows of its run a flash-decoding thread loads first
+
+// Thread (part, i)'s V values of chunk c's run up front, rows first .. first + VPRE - 1 at
+// dimension i (rows past p read row p: valid, dropped by chunk_sums); none where the run is
+// wholly past p. L2: as load_k's.
+template <int D, bool L2 = false>
+__device__ __forceinline__ void load_run_v(float (&vals)[VPRE_OF(D)], const float* vbase,
+                                           int width, int first, int i, int p) {
+    if (first > p) return;
+#pragma unroll
+    for (int j = 0; j < VPRE_OF(D); ++j) {
+        const float* at = vbase + (i64)min(first + j, p) * width + i;
+        vals[j] = L2 ? __ldcg(at) : *at;
     }
 }
 
@@ -119,12 +138,19 @@ __device__ __forceinline__ void push_slab(float (&st)[10], const float* tile, co
 }
 
 // The products of slabs [s0, s0 + G) of this lane's row (held in kb), pushed onto its TREE.
-template <int G>
+// ROWP: the warp's row rp (0 .. 31; -1: none) is ``fresh`` instead, lane l holding column l of
+// each slab (attention_chunks' EARLY: row p loaded again after the wait, kb before it).
+template <int G, bool ROWP = false>
 __device__ __forceinline__ void score_slabs(float (&st)[10], const float4 (&kb)[G][8],
-                                            const float* sq, int s0, float* tile) {
+                                            const float* sq, int s0, float* tile, int rp = -1,
+                                            const float (&fresh)[G] = {}) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
         stage_k<G>(tile, kb, g);
+        if (ROWP && rp >= 0) {
+            __syncwarp();  // (the staged row's writers are other lanes)
+            tile[rp * KTILE + (threadIdx.x & 31)] = fresh[g];
+        }
         __syncwarp();
         push_slab(st, tile, sq, (s0 + g) * 32);
         __syncwarp();
@@ -269,11 +295,13 @@ __device__ __forceinline__ float chunk_score(const AttnArgs& a, const float* sq,
 // sums the values of its run's rows at dimension i for every head: the first VPRE from ``vpre``
 // (loaded by the caller, early), the rest loaded here 32 at a time; with VPRE > 0 (flash
 // decoding, a block a chunk: registers to spare) each batch is loaded ahead of the one before's
-// sums.
-template <int D, int VPRE = 0, int H = 1>
+// sums. ROWP: the run's row jp (row p, when it is among the first VPRE) takes vp, not vpre[jp]
+// (attention_chunks' EARLY: row p loaded again after the wait).
+template <int D, int VPRE = 0, int H = 1, bool ROWP = false>
 __device__ void chunk_sums(const AttnArgs& a, const float* vbase, int lo, int p, int c,
                            float (&s)[H], const float (&m)[H], float* se, float* sn, float* red,
-                           const float (&vpre)[VPRE > 0 ? VPRE : 1]) {
+                           const float (&vpre)[VPRE > 0 ? VPRE : 1], int jp = -1,
+                           float vp = 0.0f) {
     constexpr int PARTS = CHUNK / D;
     const int width = a.n_head_kv * D;
     const bool slot_seen = seen(c * CHUNK + threadIdx.x, lo, p);
@@ -299,7 +327,7 @@ __device__ void chunk_sums(const AttnArgs& a, const float* vbase, int lo, int p,
     // not one per row); rows past p read row p, a valid one, and are dropped, as are rows
     // before lo
 #pragma unroll
-    for (int j = 0; j < VPRE; ++j) push(j, vpre[j]);
+    for (int j = 0; j < VPRE; ++j) push(j, ROWP && j == jp ? vp : vpre[j]);
     // the rest. Ahead: batch b + 1's loads are issued before batch b is summed, and a barrier
     // keeps them there (left alone, ptxas moves each load next to its use: one memory latency
     // per row, 77 us a launch for heads of 256). Not ahead (attention_rows, whose registers the
@@ -513,19 +541,23 @@ __device__ __forceinline__ void heads_chunk_scores(const AttnArgs& a, int t, int
 // block a multiprocessor; 2 caps them at 128, for deep caches' many blocks. FOLD:
 // publish_and_fold's. H > 1: the chunks of a token that sees at least HC of them, and more than
 // chunks_one_launch, by a block a KV head for its H query heads (heads_together); the other
-// tokens' by a block a head.)
-template <int D, int MINB = 0, int FOLD = 1, int H = 1, int HC = 0>
+// tokens' by a block a head. EARLY, for a step of one token whose positions no kernel of the
+// step writes (the lowering's EARLY_LOADS): the position, then those K rows and V values, at
+// L2, before PDL's wait, while the kernel before (the step's KV_WRITE of row p) still runs; the
+// cache's other rows were written by earlier steps, and row p is loaded again after the wait.)
+template <int D, int MINB = 0, int FOLD = 1, int H = 1, int HC = 0, int EARLY = 0>
 __global__ void __launch_bounds__(CHUNK, MINB) attention_chunks(AttnArgs a) {
-    pdl_begin();
+    if (!EARLY) pdl_begin();
     constexpr int SLABS = D / 32, G = SLABS < 2 ? SLABS : 2;  // K slabs held at once
-    constexpr int VPRE = D < 64 ? D : 64;                      // V rows loaded up front
+    constexpr int VPRE = VPRE_OF(D);
     __shared__ __align__(16) float tiles[TILE_FLOATS];
     __shared__ float sq[H * D], se[CHUNK], sn[D], smem[H * 8 > 32 ? H * 8 : 32];
     __shared__ int last;
     const int t = blockIdx.y;
-    const int p = a.positions[t];
+    const int p = EARLY ? __ldcg(a.positions + t) : a.positions[t];
     const int lo = window_lo(a, p), c0 = lo / CHUNK, nc = p / CHUNK + 1;
     if (H > 1 && heads_together<HC>(a, c0, nc)) {
+        if (EARLY) pdl_begin();
         int g, c;
         kv_block(a, g, c);
         if (c >= c0 && c < nc) heads_chunk_scores<D, H>(a, t, g, c, lo, p, tiles, sq, smem);
@@ -533,7 +565,8 @@ __global__ void __launch_bounds__(CHUNK, MINB) attention_chunks(AttnArgs a) {
     }
     const int h = blockIdx.x, c = blockIdx.z;
     const int g = h / (a.n_head / a.n_head_kv);
-    if (c < c0 || c >= nc) return;  // outside the window or past the position: no ticket
+    const bool live = c >= c0 && c < nc;  // (else outside the window or past the position)
+    if (!EARLY && !live) return;           // no ticket
     const bool alone = nc - c0 <= a.chunks_one_launch;  // (else: attention_sums finishes)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int width = a.n_head_kv * D;
@@ -542,19 +575,32 @@ __global__ void __launch_bounds__(CHUNK, MINB) attention_chunks(AttnArgs a) {
     float* tile = tiles + warp * 32 * KTILE;
     const int row0 = c * CHUNK + warp * 32;
     float4 kb[G][8];
-    load_k<G>(kb, kbase, width, p, row0, 0);
+    if (!EARLY) load_k<G>(kb, kbase, width, p, row0, 0);
     const int first = c * CHUNK + (threadIdx.x / D) * D, i = threadIdx.x % D;
     float vals[VPRE];
-    if (alone && first <= p) {
+    // (EARLY: row p, which the kernel before wrote, loaded again after the wait: its place
+    // among the warp's K rows, its K columns of the first slabs, its value of the run)
+    const int rp = p >= row0 && p < row0 + 32 ? p - row0 : -1;
+    float kp[G], vp = 0.0f;
+    if (EARLY) {  // (every thread waits, a block without work too)
+        if (live) load_k<G, true>(kb, kbase, width, p, row0, 0);
+        if (live && alone) load_run_v<D, true>(vals, vbase, width, first, i, p);
+        pdl_begin();
+        if (!live) return;  // no ticket
+        if (rp >= 0) {
 #pragma unroll
-        for (int j = 0; j < VPRE; ++j) vals[j] = vbase[(i64)min(first + j, p) * width + i];
+            for (int g = 0; g < G; ++g) kp[g] = __ldcg(kbase + (i64)p * width + g * 32 + lane);
+        }
+        if (alone && first <= p && p < first + VPRE) vp = __ldcg(vbase + (i64)p * width + i);
+    } else if (alone) {
+        load_run_v<D>(vals, vbase, width, first, i, p);
     }
     load_q<D>(a, t, h, sq);
     float st[10];
 #pragma unroll
     for (int s0 = 0; s0 < SLABS; s0 += G) {
         if (s0 > 0) load_k<G>(kb, kbase, width, p, row0, s0);
-        score_slabs<G>(st, kb, sq, s0, tile);
+        score_slabs<G, EARLY>(st, kb, sq, s0, tile, s0 == 0 ? rp : -1, kp);
     }
     const float s = __fmul_rn(tree_finish<10>(st, D, D), a.scale);  // this slot's score
     if (!alone) {  // the score and the chunk's max, for attention_sums
@@ -576,7 +622,8 @@ __global__ void __launch_bounds__(CHUNK, MINB) attention_chunks(AttnArgs a) {
                        }, tile);  // fmt: skip
     }
     float e[1] = {s};
-    chunk_sums<D, VPRE>(a, vbase, lo, p, c, e, {block_max(m, smem)}, se, sn, smem, vals);
+    chunk_sums<D, VPRE, 1, EARLY>(a, vbase, lo, p, c, e, {block_max(m, smem)}, se, sn, smem, vals,
+                                  p - first, vp);
     publish_and_fold<D, FOLD>(a, t, h, c, c0, nc, e, sn, &last);
 }
 
@@ -584,20 +631,15 @@ __global__ void __launch_bounds__(CHUNK, MINB) attention_chunks(AttnArgs a) {
 
 // Chunk c's weights for the H heads h0 .. h0 + H - 1 of KV head g (H = 1: head h0) from their
 // stored scores and the max of their chunks' maxes, its sums, and the fold by the heads' last
-// block. This thread's V values are loaded first. se: H x 256 floats, sn: H x D, red: H x 8.
+// block. This thread's V values (load_run_v's) are loaded by the caller, first. se: H x 256
+// floats, sn: H x D, red: H x 8.
 template <int D, int FOLD, int H>
 __device__ __forceinline__ void sums_from_scores(const AttnArgs& a, int t, int h0, int g, int c,
-                                                 int lo, int p, int c0, int nc, float* se,
+                                                 int lo, int p, int c0, int nc,
+                                                 const float (&vals)[VPRE_OF(D)], float* se,
                                                  float* sn, float* red, int* last) {
-    constexpr int VPRE = D < 64 ? D : 64;  // V rows loaded up front
-    const int width = a.n_head_kv * D;
+    constexpr int VPRE = VPRE_OF(D);
     const float* vbase = a.v + g * D;
-    const int first = c * CHUNK + (threadIdx.x / D) * D, i = threadIdx.x % D;
-    float vals[VPRE];
-    if (first <= p) {
-#pragma unroll
-        for (int j = 0; j < VPRE; ++j) vals[j] = vbase[(i64)min(first + j, p) * width + i];
-    }
     const i64 th = (i64)t * a.n_head + h0;
     float s[H], m[H];
 #pragma unroll
@@ -626,27 +668,43 @@ __device__ __forceinline__ void sums_from_scores(const AttnArgs& a, int t, int h
 // grid (n_head, T, chunks of n_ctx), after attention_chunks: where a token sees more than
 // chunks_one_launch chunks, chunk c's sums from its stored scores (sums_from_scores), by a block
 // a head, or with H > 1 for a token heads_together<HC> takes, by a block a KV head for its H
-// query heads (V read once for them).
-template <int D, int MINB = 0, int FOLD = 1, int H = 1, int HC = 0>
+// query heads (V read once for them). EARLY (the lowering's EARLY_LOADS, where the step's
+// KV_WRITE ran at least two launches before, as attention_chunks sits between them): the
+// position and this thread's V values at L2 before PDL's wait, while attention_chunks still
+// runs: no kernel after the KV_WRITE writes the cache, and that one has finished (the kernel
+// before this one started after its wait).
+template <int D, int MINB = 0, int FOLD = 1, int H = 1, int HC = 0, int EARLY = 0>
 __global__ void __launch_bounds__(CHUNK, MINB) attention_sums(AttnArgs a) {
-    pdl_begin();
+    if (!EARLY) pdl_begin();
     __shared__ float se[H * CHUNK], sn[H * D], smem[H * 8 > 32 ? H * 8 : 32];
     __shared__ int last;
     const int t = blockIdx.y;
-    const int p = a.positions[t];
+    const int p = EARLY ? __ldcg(a.positions + t) : a.positions[t];
     const int lo = window_lo(a, p), c0 = lo / CHUNK, nc = p / CHUNK + 1;
-    if (nc - c0 <= a.chunks_one_launch) return;  // (attention_chunks did)
-    if (H > 1 && heads_together<HC>(a, c0, nc)) {
-        int g, c;
+    const bool deep = nc - c0 > a.chunks_one_launch;  // (else attention_chunks did)
+    const bool together = H > 1 && deep && heads_together<HC>(a, c0, nc);
+    int g, c, h0;
+    if (together) {
         kv_block(a, g, c);
-        if (c >= c0 && c < nc)
-            sums_from_scores<D, FOLD, H>(a, t, g * H, g, c, lo, p, c0, nc, se, sn, smem, &last);
-        return;
+        h0 = g * H;
+    } else {
+        h0 = blockIdx.x;
+        c = blockIdx.z;
+        g = h0 / (a.n_head / a.n_head_kv);
     }
-    const int h = blockIdx.x, c = blockIdx.z;
-    if (c < c0 || c >= nc) return;
-    const int g = h / (a.n_head / a.n_head_kv);
-    sums_from_scores<D, FOLD, 1>(a, t, h, g, c, lo, p, c0, nc, se, sn, smem, &last);
+    const bool live = deep && c >= c0 && c < nc;
+    const int width = a.n_head_kv * D, first = c * CHUNK + (threadIdx.x / D) * D;
+    float vals[VPRE_OF(D)];
+    if (EARLY) {  // (every thread waits, a block without work too)
+        if (live) load_run_v<D, true>(vals, a.v + g * D, width, first, threadIdx.x % D, p);
+        pdl_begin();
+    }
+    if (!live) return;
+    if (!EARLY) load_run_v<D>(vals, a.v + g * D, width, first, threadIdx.x % D, p);
+    if (together)
+        sums_from_scores<D, FOLD, H>(a, t, h0, g, c, lo, p, c0, nc, vals, se, sn, smem, &last);
+    else
+        sums_from_scores<D, FOLD, 1>(a, t, h0, g, c, lo, p, c0, nc, vals, se, sn, smem, &last);
 }
 
 // ---- prefill, the query heads of a KV head together ---------------------------------------------

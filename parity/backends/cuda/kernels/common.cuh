@@ -19,11 +19,17 @@ typedef long long i64;
 // the previous grid has finished and its writes are visible (at once when it was launched
 // plainly), and launch_dependents then lets the next kernel start, which waits for this one in
 // turn, so completion stays ordered along the whole stream. Only what a kernel reads that no
-// kernel writes (a product's weights) may be loaded before it. The bits never depend on it.
+// kernel writes (a product's weights, a step's positions) may be loaded before it, or what a
+// kernel two launches back or earlier wrote: this one starts only once every block of the one
+// before has passed its wait, so that one has finished (the lowering's EARLY_LOADS; such loads
+// go at L2, __ldcg, so that no line a kernel still writes stays in L1). The bits never depend
+// on it.
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#elif defined(PARITY_EMULATOR)
+    emu::pdl_wait();  // (where a test's late writes land: tests/cuda_emulator/emu.hpp)
 #endif
 }
 

@@ -18,7 +18,9 @@
 #include "norm.cuh"
 #include "quant.cuh"
 
-enum { EPI_BIAS = 1, EPI_RESIDUAL = 2, EPI_SWIGLU = 4, EPI_GEGLU = 8 };
+enum { EPI_BIAS = 1, EPI_RESIDUAL = 2, EPI_SWIGLU = 4, EPI_GEGLU = 8, EPI_RES_EARLY = 16 };
+// (EPI_RES_EARLY, with EPI_RESIDUAL, a GEMV's (gemv_q_row): the residual loaded at L2 before
+// PDL's wait, the lowering's EARLY_LOADS where a kernel two launches back or earlier wrote it)
 #define EPI_GATED (EPI_SWIGLU | EPI_GEGLU)  // two matrices, y = act(x Wg^T) * (x Wu^T)
 
 struct Q8 {  // a Q8A value on the device: quants (T, K), and per 32-block d and s (T, K/32)
@@ -45,13 +47,14 @@ __device__ __forceinline__ float sub_term(float a, float m, float dx, float sx, 
     return term;
 }
 
+// (``r``: the residual res[t, n] where EPI_RES_EARLY loaded it already)
 template <int EPI>
 __device__ __forceinline__ float epilogue(float y, float y2, const float* bias, const float* res,
-                                          int t, int n, int N) {
+                                          int t, int n, int N, float r = 0.0f) {
     if (EPI & EPI_SWIGLU) return __fmul_rn(p_silu(y), y2);
     if (EPI & EPI_GEGLU) return __fmul_rn(p_gelu(y), y2);
     if (EPI & EPI_BIAS) y = __fadd_rn(y, bias[n]);
-    if (EPI & EPI_RESIDUAL) y = __fadd_rn(res[(i64)t * N + n], y);
+    if (EPI & EPI_RESIDUAL) y = __fadd_rn((EPI & EPI_RES_EARLY) ? r : res[(i64)t * N + n], y);
     return y;
 }
 
@@ -170,6 +173,12 @@ __device__ __forceinline__ void gemv_q_row(float* y, const Q8& x, const u8* w, c
 #pragma unroll
         for (int m = 0; m < NM; ++m) stage[m].load(rows[m], r0, S);  // weights: no kernel writes them
     }
+    constexpr bool RES_EARLY = (EPI & EPI_RES_EARLY) && (EPI & EPI_RESIDUAL);
+    float r_early[TMAX];  // (RES_EARLY: the row's residuals, by the lane that adds them)
+    if (RES_EARLY && live && part == 0 && lane == 0) {
+#pragma unroll
+        for (int t = 0; t < TMAX; ++t) r_early[t] = t < T ? __ldcg(res + (i64)t * N + n) : 0.0f;
+    }
     pdl_begin();  // (every thread of the block)
     pro();
     if (real > 0) load_xs(r0);
@@ -254,7 +263,8 @@ __device__ __forceinline__ void gemv_q_row(float* y, const Q8& x, const u8* w, c
                 }
             }
             if (live && part == 0 && lane == 0) {
-                const float out = epilogue<EPI>(v[0], v[NM - 1], bias, res, t, n, N);
+                const float out = epilogue<EPI>(v[0], v[NM - 1], bias, res, t, n, N,
+                                                RES_EARLY ? r_early[t] : 0.0f);
                 y[(i64)t * N + n] = out;
                 if (keep != nullptr) keep[t * (GEMV_WARPS / WPR) + row_in_block] = out;
                 if (GATED && g_out != nullptr) {
@@ -520,8 +530,11 @@ struct GemvSegs {
 // that segment has none. With HEAD_NORM (4, added to the mode) each head of segments 0 and 1
 // is first normed (RMS_NORM_MUL over its head_dim values: Gemma 3's q and k norms), so the
 // rows keep their order and the last of a head's blocks to finish (an atomic ticket a head)
-// norms the head's rows, then rotates them (head_norm_rope).
-enum { HEAD_NORM = 4 };
+// norms the head's rows, then rotates them (head_norm_rope). ROPE_EARLY (8, added to the mode;
+// the lowering's EARLY_LOADS, where the positions are a step's input, which no kernel writes):
+// each thread's first rotation's position, cos and sin are loaded before PDL's wait, while the
+// kernel before still runs, not after the product (rope_early).
+enum { HEAD_NORM = 4, ROPE_EARLY = 8 };
 struct RopeSegs {
     float* out[2];    // the ROPE values of segments 0 and 1, (T, N)
     float* cache[3];  // each segment's cache (its rows, rotated for 0 and 1, go to row positions[t])
@@ -546,11 +559,32 @@ __device__ __forceinline__ int rope_row(int slot, const RopeSegs& r) {
     return h * r.head_dim + (o >> 1) + (o & 1) * (r.n_rot >> 1);
 }
 
+// rope_kv_rows' loads for this thread's first (token, slot), k = threadIdx.x, that no kernel
+// writes: the token's position and, for the first slot of a rotated pair, its cos and sin
+// (p < 0: this thread has no such slot, or they were not loaded early)
+struct RopeEarly {
+    i64 p;
+    float c, s;
+};
+__device__ __forceinline__ RopeEarly rope_early(const RopeSegs& r, int N, int si, int first,
+                                                int rows, int T) {
+    RopeEarly e{-1, 0.0f, 0.0f};
+    const int k = threadIdx.x, slot = first + k % rows, o = slot % r.head_dim;
+    if (k >= T * rows || slot >= N) return e;
+    e.p = __ldcg(r.positions + k / rows);  // (at L2, as every load made before the wait)
+    if (si < 2 && o < r.n_rot && !(o & 1)) {
+        const i64 at = e.p * (r.n_rot >> 1) + (o >> 1);
+        e.c = r.cos_t[at];
+        e.s = r.sin_t[at];
+    }
+    return e;
+}
+
 // after a block's rows of segment ``si`` are written (slots first .. first + rows - 1): the
-// rotation of its pairs and the cache rows
+// rotation of its pairs and the cache rows (``early``: rope_early's, or none)
 template <int ROPE>
 __device__ void rope_kv_rows(const RopeSegs& r, const GemvSeg& sg, int si, int first, int rows,
-                             int T) {
+                             int T, RopeEarly early = RopeEarly{-1, 0.0f, 0.0f}) {
     const int D = r.head_dim, half = r.n_rot >> 1, N = sg.N;
     // (selected, not indexed: a run-time index would put the struct in local memory)
     float* cache = si == 0 ? r.cache[0] : si == 1 ? r.cache[1] : r.cache[2];
@@ -558,7 +592,8 @@ __device__ void rope_kv_rows(const RopeSegs& r, const GemvSeg& sg, int si, int f
     for (int k = threadIdx.x; k < T * rows; k += blockDim.x) {
         const int t = k / rows, slot = first + k % rows;
         if (slot >= N) continue;
-        const i64 p = r.positions[t];
+        const bool pre = k == (int)threadIdx.x && early.p >= 0;
+        const i64 p = pre ? early.p : r.positions[t];
         const float* yr = sg.y + (i64)t * N;
         const int o = slot % D;
         if (si == 2 || o >= r.n_rot) {  // v, or a copied dimension
@@ -570,7 +605,8 @@ __device__ void rope_kv_rows(const RopeSegs& r, const GemvSeg& sg, int si, int f
         if (o & 1) continue;  // a pair is rotated by the thread of its first slot
         const int h = slot / D, i = o >> 1;
         const int i0 = h * D + (ROPE == 2 ? i : 2 * i), i1 = h * D + (ROPE == 2 ? i + half : 2 * i + 1);
-        const float c = r.cos_t[p * half + i], s = r.sin_t[p * half + i];
+        const float c = pre ? early.c : r.cos_t[p * half + i];
+        const float s = pre ? early.s : r.sin_t[p * half + i];
         const float x0 = yr[i0], x1 = yr[i1];
         const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
         const float y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
@@ -637,6 +673,9 @@ __device__ __forceinline__ void gemv_q_multi_body(const GemvSegs& segs, const Q8
     const int slot = blk * ROWS + (threadIdx.x >> 5) / WPR;
     const int n = MODE && !(ROPE & HEAD_NORM) && si < 2 ? rope_row<MODE>(slot, rope) : slot;
     const int row = min(n, sg.N - 1);
+    constexpr bool EARLY = MODE && (ROPE & ROPE_EARLY) && !(ROPE & HEAD_NORM);
+    const RopeEarly early = EARLY ? rope_early(rope, sg.N, si, blk * ROWS, ROWS, T)
+                                  : RopeEarly{-1, 0.0f, 0.0f};  // (before the product's wait)
     if (QT2 != QT && si == 2) {
         auto& sh = shu.b;
         GEMV_ROW_ALL(QT2, TMAX, EPI, WPR, sg.y, sg.w, nullptr, sg.bias, nullptr, sg.N,
@@ -652,7 +691,7 @@ __device__ __forceinline__ void gemv_q_multi_body(const GemvSegs& segs, const Q8
         return;
     }
     __syncthreads();  // the block's rows of y, written by each row's lane 0
-    rope_kv_rows<MODE>(rope, sg, si, blk * ROWS, ROWS, T);
+    rope_kv_rows<MODE>(rope, sg, si, blk * ROWS, ROWS, T, early);
 }
 
 template <int QT, int QT2, int TMAX, int EPI, int WPR, int ROPE>
