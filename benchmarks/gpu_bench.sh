@@ -18,7 +18,8 @@
 #                                        where one failed; a third of `check`'s device time,
 #                                        no timings
 #   bash benchmarks/gpu_bench.sh compare both twins against cpu (benchmarks/gpu_compare.py:
-#                                        prompts 1, 7, 300, 600 x 64 steps, 256 greedy tokens)
+#                                        prompts 1, 7, 300, 600 x 64 steps, 256 greedy tokens;
+#                                        SHORT=1: 1 and 600 x 16, 64 greedy, in parallel)
 #   bash benchmarks/gpu_bench.sh bench   parity beside llama.cpp on the twins: decode at depth 0
 #                                        and 512, prefill 512, first step, kernels per step
 #                                        (LLAMA=0: parity alone; GC_FREEZE=: no gc-freeze probe)
@@ -321,9 +322,10 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
   # (sixteenth session: a decode norm made by the products that read it, off)
   run conformance_norm_in python3 benchmarks/with_lowering.py NORM_IN_PRODUCT=1 -- -m parity \
     conformance cuda -k fusion -k norm &
-  # (seventeenth session: a decode kernel's loads before PDL's wait, EARLY_LOADS, off; its race
-  # with the kernel before shows in the twins' decode steps: `compare` with EARLY=1)
-  run conformance_early python3 benchmarks/with_lowering.py EARLY_LOADS=1 -- -m parity \
+  # (seventeenth session: decode loads before PDL's wait, EARLY_LOADS, on; the kernels without
+  # them, which run where PDL is off, here; a race of the early loads with the kernel before
+  # would show in the twins' decode steps: `SHORT=1 bash benchmarks/gpu_bench.sh compare`)
+  run conformance_early python3 benchmarks/with_lowering.py EARLY_LOADS=0 -- -m parity \
     conformance cuda &
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
          conformance_fast_attention1 conformance_fast_attention2 conformance_fast_gemm
@@ -357,16 +359,17 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
   exit
 fi
 if [ "$stage" = compare ]; then
-  # (EARLY=1: with EARLY_LOADS, the models in parallel, prompts of 1 and 600 tokens, 16 steps
-  # and 64 greedy tokens each: flash decoding's early loads under PDL against the cpu oracle)
-  if [ "${EARLY:-0}" = 1 ]; then
+  # (SHORT=1: the models in parallel, prompts of 1 and 600 tokens, 16 steps and 64 greedy
+  # tokens each, about 200 s: decode steps under PDL, flash decoding in one launch and two,
+  # against the cpu oracle; SWITCHES: lowering switches, as `with_lowering.py` takes them)
+  if [ "${SHORT:-0}" = 1 ]; then
     for m in $models; do
-      { timeout "${COMPARE_S:-300}" python3 benchmarks/with_lowering.py EARLY_LOADS=1 -- \
+      { timeout "${COMPARE_S:-300}" python3 benchmarks/with_lowering.py ${SWITCHES:-} -- \
           benchmarks/gpu_compare.py /tmp/$m.gguf --prompts 1,600 --steps 16 --greedy 64
-        echo "rc $?"; } > "$out/compare_early_$m.txt" 2>&1 &
+        echo "rc $?"; } > "$out/compare_$m.txt" 2>&1 &
     done
     wait
-    for m in $models; do echo "== compare cpu,cuda EARLY_LOADS=1 $m"; cat "$out/compare_early_$m.txt"; done
+    for m in $models; do echo "== compare cpu,cuda $m"; grep -v "^lowering" "$out/compare_$m.txt"; done
     exit 0
   fi
   for m in $models; do
