@@ -22,6 +22,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``long`` first, the rest in their order: under -n the long ones start
+    while the short ones fill the other workers, rather than ending the run on one worker."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 def _registry():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a broken third-party plugin is reported elsewhere

@@ -365,6 +365,7 @@ for case in sys.argv[1].split(","):
 """
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("switches", [{}, {**PREFILL_SWITCHES, "MMA_TOKENS": 64}],
                          ids=["shipped", "prefill-switches"])  # fmt: skip
 def test_kernels_touch_nothing_past_a_buffer_in_the_emulator(switches) -> None:
@@ -878,7 +879,7 @@ FAST_ATTENTION_CASES = [
     # heads of 256: four warps a token's columns, one group a block (two asked: one); the
     # special values once (the one such prefill of the kit, about 30 s here)
     ("attention-plain-window64-4x1x256-p200-t40", "fast", 2, 3),
-    ("attention-window100-4x1x256-p0-t300", "fast", 1, 4),
+    pytest.param("attention-window100-4x1x256-p0-t300", "fast", 1, 4, marks=pytest.mark.long),
     (FAST_ATTENTION_CASES[-1], "exact", 1, 1),
 ])  # fmt: skip
 def test_fast_attention_is_within_its_tier_in_the_emulator(

@@ -189,6 +189,7 @@ def compiler():
     return Compiler("sm_90", cache_dir=tempfile.mkdtemp(), notice=False)
 
 
+@pytest.mark.long
 def test_kernels_compile_for_sm90(compiler):
     from parity.backends.cuda.library import Library
 
@@ -210,6 +211,7 @@ def test_compiling_leaves_the_interpreters_shared_bytes_alone(compiler):
     assert bytes([32])[0] == 32 and b" "[0] == 32
 
 
+@pytest.mark.long
 def test_no_contraction_in_the_generated_code(compiler):
     """--fmad=false: no float multiply-add in the PTX of the kernels (rule 2)."""
     from cuda.bindings import nvrtc
