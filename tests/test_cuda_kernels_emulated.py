@@ -284,12 +284,12 @@ def test_flash_decoding_loads_before_the_wait_take_row_p_after_it(lib, d) -> Non
     pos = np.array([700], np.int32)
     q, k, v = inputs(12, 1, 768, nh, nkv, d, pos)
     row = v[520].copy()  # (among the first 64 of its run: loaded early)
+    poison = np.full_like(row, np.inf)  # (alive until the launch has used it)
     original = lib.launch
 
     def late_for_sums(name, *args, **kwargs):
         if name.startswith("attention_sums"):
-            lib.late_write(v[520].ctypes.data, np.full_like(row, np.inf).ctypes.data,
-                           row.ctypes.data, row.nbytes)  # fmt: skip
+            lib.late_write(v[520].ctypes.data, poison.ctypes.data, row.ctypes.data, row.nbytes)
         original(name, *args, **kwargs)
 
     lib.launch = late_for_sums

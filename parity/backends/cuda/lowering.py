@@ -163,8 +163,8 @@ ROPE_EARLY = 8  # ... and its rotations' positions, cos and sin loaded before PD
 # cos and sin; a decode GEMV's residual (o's and down's: the residual stream, written two
 # launches back or more; not a norm that NORM_IN_PRODUCT leaves to a later launch's block 0);
 # for a step of one token, attention_chunks' K rows and V values but row p's (the
-# step's KV_WRITE, the launch before: row p again after the wait; not for heads of 256, whose
-# kernel would spill 32 bytes at its 255 registers); attention_sums' V values (the KV_WRITE
+# step's KV_WRITE, the launch before: row p again after the wait; heads of 64 only: those of
+# 128 and 256 would spill 12 and 32 bytes at 255 registers); attention_sums' V values (the KV_WRITE
 # two launches back). The same values, so the same bits (the emulator's late writes check the
 # reload; on an H100, conformance 274/274 and the twins' decode steps after prompts of 1 and
 # 600 tokens bit-identical to cpu). H100, seventeenth session, replayed decode step, ms:
@@ -554,7 +554,7 @@ class Lowering:
         """Scratch that every launch of the split asking for ``name`` shares (at least ``n``
         elements, zeroed once): the layers' flash-decoding launches run one after another on
         the stream, each after the one before has finished (under PDL too: they wait before
-        touching memory), and leave the tickets at zero."""
+        touching the scratch), and leave the tickets at zero."""
         have = self._shared.get(name)
         if have is None or have[0] < n:
             buffer = self.new_scratch(dtype, (n,))
@@ -582,12 +582,20 @@ class Lowering:
             self._written[j] = len(self.out.launches)
 
     def _written_before_last(self, i: int) -> bool:
-        """Whether node ``i``'s value was written two launches back or earlier, or by nothing of
-        the split: the next launch may load it before PDL's wait (EARLY_LOADS). A norm left to
-        its products (NORM_IN_PRODUCT) is done before the launch that writes it: never."""
+        """Whether node ``i``'s value was written two launches back or earlier: the next launch
+        may load it before PDL's wait (EARLY_LOADS). A weight, never written; a step's input
+        (ids, positions) where a launch of this split came first: the input was uploaded or
+        copied before the split's first kernel, or advanced by advance_i32, which lets the
+        next kernel start before it writes, so only the kernel after that one may load early.
+        A value from outside the split: no (the split before may end with the kernel that
+        wrote it). A norm left to its products (NORM_IN_PRODUCT) is done before the launch
+        that writes it: never."""
+        op = self.graph.nodes[i].op
+        if i not in self.inside:
+            return op is Op.WEIGHT or (op is Op.INPUT and bool(self.out.launches))
         if any(i in (n.norm, n.quantize) for n in self._norm_in.values()):
             return False
-        return i not in self.inside or self._written.get(i, 1 << 30) < len(self.out.launches)
+        return self._written.get(i, 1 << 30) < len(self.out.launches)
 
     def _pull(self, i: int) -> bool:
         """Make node ``i``'s value exist before the next launch, launching it now if it is a
@@ -1026,7 +1034,7 @@ class Lowering:
             early = self._early_positions(node.src[3])  # (attention_sums: the cache too)
             self._launch("attention.cu",
                          flash_kernel("attention_chunks", d, CHUNKS_MIN_BLOCKS, heads,
-                                      early and t == 1 and d < 256 and self._writes_row_p(node)),
+                                      early and t == 1 and d == 64 and self._writes_row_p(node)),
                          grid, (256, 1, 1), [a])  # fmt: skip
             if more:
                 self._launch("attention.cu",
@@ -1059,13 +1067,14 @@ class Lowering:
             self.done.add(qn)
 
     def _early_positions(self, positions: int) -> bool:
-        """Whether a launch may load ``positions`` before PDL's wait (EARLY_LOADS): a step's
-        input, which no kernel writes."""
-        return EARLY_LOADS and self.pdl and self.graph.nodes[positions].op is Op.INPUT
+        """Whether the next launch may load ``positions`` before PDL's wait (EARLY_LOADS): a
+        step's input, which no kernel of the step writes (_written_before_last)."""
+        return EARLY_LOADS and self.pdl and self._written_before_last(positions)
 
     def _writes_row_p(self, attention: Node) -> bool:
         """Whether the step's only writes of ``attention``'s caches are KV_WRITEs of a cache
-        leaf at its own positions: for one token, row p alone (attention_chunks' EARLY)."""
+        leaf at its own positions (the IR lets one KV_WRITE read a cache, and only a STATE):
+        for one token, row p alone (attention_chunks' EARLY)."""
         nodes = self.graph.nodes
         return all(nodes[nodes[c].src[0]].op is Op.STATE and nodes[c].src[2] == attention.src[3]
                    for c in attention.src[1:3])  # fmt: skip
@@ -1573,7 +1582,8 @@ class Lowering:
         a.positions, a.cos_t, a.sin_t = (self._ptr(s).value for s in r0.src[1:])
         a.head_dim, a.n_rot = arg.head_dim, arg.n_rot
         mode = 2 if arg.mode == "neox" else 1
-        if not normed and self._early_positions(positions):
+        weights = all(nodes[w].op is Op.WEIGHT for w in r0.src[2:])  # (cos and sin)
+        if not normed and weights and self._early_positions(positions):
             mode |= ROPE_EARLY
         if normed:
             counts = [nodes[i].shape[1] // arg.head_dim for i in slots[:2]]

@@ -582,14 +582,15 @@ __global__ void __launch_bounds__(CHUNK, MINB) attention_chunks(AttnArgs a) {
     // among the warp's K rows, its K columns of the first slabs, its value of the run)
     const int rp = p >= row0 && p < row0 + 32 ? p - row0 : -1;
     float kp[G], vp = 0.0f;
-    if (EARLY) {  // (every thread waits, a block without work too)
+    if (EARLY) {  // (every block waits, one without work too: common.cuh's second rule)
         if (live) load_k<G, true>(kb, kbase, width, p, row0, 0);
         if (live && alone) load_run_v<D, true>(vals, vbase, width, first, i, p);
         pdl_begin();
         if (!live) return;  // no ticket
         if (rp >= 0) {
 #pragma unroll
-            for (int g = 0; g < G; ++g) kp[g] = __ldcg(kbase + (i64)p * width + g * 32 + lane);
+            for (int slab = 0; slab < G; ++slab)
+                kp[slab] = __ldcg(kbase + (i64)p * width + slab * 32 + lane);
         }
         if (alone && first <= p && p < first + VPRE) vp = __ldcg(vbase + (i64)p * width + i);
     } else if (alone) {
@@ -600,7 +601,7 @@ __global__ void __launch_bounds__(CHUNK, MINB) attention_chunks(AttnArgs a) {
 #pragma unroll
     for (int s0 = 0; s0 < SLABS; s0 += G) {
         if (s0 > 0) load_k<G>(kb, kbase, width, p, row0, s0);
-        score_slabs<G, EARLY>(st, kb, sq, s0, tile, s0 == 0 ? rp : -1, kp);
+        score_slabs<G, EARLY != 0>(st, kb, sq, s0, tile, s0 == 0 ? rp : -1, kp);
     }
     const float s = __fmul_rn(tree_finish<10>(st, D, D), a.scale);  // this slot's score
     if (!alone) {  // the score and the chunk's max, for attention_sums
@@ -622,8 +623,8 @@ __global__ void __launch_bounds__(CHUNK, MINB) attention_chunks(AttnArgs a) {
                        }, tile);  // fmt: skip
     }
     float e[1] = {s};
-    chunk_sums<D, VPRE, 1, EARLY>(a, vbase, lo, p, c, e, {block_max(m, smem)}, se, sn, smem, vals,
-                                  p - first, vp);
+    chunk_sums<D, VPRE, 1, EARLY != 0>(a, vbase, lo, p, c, e, {block_max(m, smem)}, se, sn, smem,
+                                       vals, p - first, vp);
     publish_and_fold<D, FOLD>(a, t, h, c, c0, nc, e, sn, &last);
 }
 
@@ -671,8 +672,8 @@ __device__ __forceinline__ void sums_from_scores(const AttnArgs& a, int t, int h
 // query heads (V read once for them). EARLY (the lowering's EARLY_LOADS, where the step's
 // KV_WRITE ran at least two launches before, as attention_chunks sits between them): the
 // position and this thread's V values at L2 before PDL's wait, while attention_chunks still
-// runs: no kernel after the KV_WRITE writes the cache, and that one has finished (the kernel
-// before this one started after its wait).
+// runs: this kernel started only once every block of attention_chunks had passed its wait, so
+// the KV_WRITE has finished, and no kernel after it writes the cache.
 template <int D, int MINB = 0, int FOLD = 1, int H = 1, int HC = 0, int EARLY = 0>
 __global__ void __launch_bounds__(CHUNK, MINB) attention_sums(AttnArgs a) {
     if (!EARLY) pdl_begin();
@@ -695,7 +696,8 @@ __global__ void __launch_bounds__(CHUNK, MINB) attention_sums(AttnArgs a) {
     const bool live = deep && c >= c0 && c < nc;
     const int width = a.n_head_kv * D, first = c * CHUNK + (threadIdx.x / D) * D;
     float vals[VPRE_OF(D)];
-    if (EARLY) {  // (every thread waits, a block without work too)
+    if (EARLY) {  // (every block waits, one without work too: when no token is deep, none
+                  // has work, and o's wait must still cover attention_chunks)
         if (live) load_run_v<D, true>(vals, a.v + g * D, width, first, threadIdx.x % D, p);
         pdl_begin();
     }

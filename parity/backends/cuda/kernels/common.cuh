@@ -15,15 +15,17 @@ typedef long long i64;
 
 // A kernel launched with programmatic dependent launch (sm_90+, a decode step's kernels) may
 // start while the kernel before it on the stream still runs. Every kernel calls pdl_begin
-// before it reads or writes anything another kernel touches: griddepcontrol.wait returns once
-// the previous grid has finished and its writes are visible (at once when it was launched
-// plainly), and launch_dependents then lets the next kernel start, which waits for this one in
-// turn, so completion stays ordered along the whole stream. Only what a kernel reads that no
-// kernel writes (a product's weights, a step's positions) may be loaded before it, or what a
-// kernel two launches back or earlier wrote: this one starts only once every block of the one
-// before has passed its wait, so that one has finished (the lowering's EARLY_LOADS; such loads
-// go at L2, __ldcg, so that no line a kernel still writes stays in L1). The bits never depend
-// on it.
+// before it writes anything, or reads anything the kernel before may still write:
+// griddepcontrol.wait returns once the previous grid has finished and its writes are visible
+// (at once when it was launched plainly), and launch_dependents then lets the next kernel
+// start, which waits for this one in turn, so completion stays ordered along the whole stream.
+// That takes two rules of every kernel: it waits before it lets the next one start, and none
+// of its blocks returns before pdl_begin (a grid whose blocks all returned without waiting
+// would finish before the one before it). So a kernel starts only once every block of the one
+// before has passed its wait, and the kernel two launches back has finished: what no kernel
+// writes (a product's weights), or what a kernel two launches back or earlier wrote, may be
+// loaded before the wait (the lowering's EARLY_LOADS; such loads go at L2, __ldcg, so that no
+// line a kernel still writes stays in L1). The bits never depend on it.
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

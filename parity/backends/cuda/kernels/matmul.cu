@@ -574,8 +574,8 @@ __device__ __forceinline__ RopeEarly rope_early(const RopeSegs& r, int N, int si
     e.p = __ldcg(r.positions + k / rows);  // (at L2, as every load made before the wait)
     if (si < 2 && o < r.n_rot && !(o & 1)) {
         const i64 at = e.p * (r.n_rot >> 1) + (o >> 1);
-        e.c = r.cos_t[at];
-        e.s = r.sin_t[at];
+        e.c = __ldcg(r.cos_t + at);
+        e.s = __ldcg(r.sin_t + at);
     }
     return e;
 }
