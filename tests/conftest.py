@@ -22,9 +22,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # under -n, xdist hands each worker a first block of (tests / workers / 4) consecutive
+    # tests, which would give every long test (first: below) to the first worker; blocks of 4
+    # spread them over the workers
+    if getattr(config.option, "maxschedchunk", 0) is None:
+        config.option.maxschedchunk = 4
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``long`` first, the rest in their order: under -n the long ones start
-    while the short ones fill the other workers, rather than ending the run on one worker."""
+    """Tests marked ``long`` first, the rest in their order: under -n the long ones start on
+    every worker while the short ones fill in behind them, rather than ending the run on one
+    worker."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 

@@ -95,7 +95,7 @@ def interpreter_cases() -> list[str]:
     return keep
 
 
-INTERPRETER_PARTS = 3  # processes the interpreter's cases run in (a worker each under -n)
+INTERPRETER_PARTS = 3  # processes the interpreter's cases run in (spread over the workers)
 
 
 def test_the_interpreters_cases_cover_every_op():
@@ -141,7 +141,7 @@ b.TritonBackend._rope_kv_groups = _recorded
 """
 
 
-GPU_TILING_CASES = {  # (two processes: a worker each under -n)
+GPU_TILING_CASES = {  # (two processes, spread over the workers under -n)
     "products": ["matmul-Q4_1-192x576-t1", "matmul-Q5_0-128x896-t1",
                  "matmul-q8x-Q4_K-48x512-t7", "matmul-q8x-Q6_K-48x512-t7",
                  "matmul_add-F16-48x512-t5", "matmul-q8x-Q4_K-48x4864-t1",
