@@ -155,17 +155,17 @@ NORM_IN_ROWS = 16  # ... for readers of at most this many rows a column of x (no
 # whose every block would norm x again)
 HEAD_NORM = 4  # matmul.cu's: added to a q/k/v launch's ROPE mode
 ROPE_EARLY = 8  # ... and its rotations' positions, cos and sin loaded before PDL's wait
-# Under PDL, a kernel's loads of values no kernel of the step has written yet, or that were
-# written two launches back or more, issued before its wait, while the kernel before it still
-# runs. A kernel starts only once every block of the one before has passed its own wait, so the
-# one two back has finished then (common.cuh's pdl_begin); such loads go at L2 (__ldcg): the
-# positions (a step's input) in flash decoding and in the q/k/v launch's rotations with their
-# cos and sin; a decode GEMV's residual (o's and down's: the residual stream, written two
-# launches back or more; not a norm that NORM_IN_PRODUCT leaves to a later launch's block 0);
-# for a step of one token, attention_chunks' K rows and V values but row p's (the
-# step's KV_WRITE, the launch before: row p again after the wait; heads of 64 only: those of
-# 128 and 256 would spill 12 and 32 bytes at 255 registers); attention_sums' V values (the KV_WRITE
-# two launches back). The same values, so the same bits (the emulator's late writes check the
+# Under PDL, a kernel's loads of values that were written two launches back or more, issued
+# before its wait, while the kernel before it still runs. A kernel starts only once every block
+# of the one before has passed its own wait, so the one two back has finished then (common.cuh's
+# pdl_begin); such loads go at L2 (__ldcg), and _written_before_last decides: the positions (a
+# step's input, in any launch but its split's first) in flash decoding and in the q/k/v launch's
+# rotations with their cos and sin (weights); a decode GEMV's residual (o's and down's: the
+# residual stream; not a norm that NORM_IN_PRODUCT leaves to a later launch's block 0); for a
+# step of one token, attention_chunks' K rows and V values but row p's (the step's KV_WRITE,
+# the launch before: row p again after the wait; heads of 64 only: those of 128 and 256 would
+# spill 12 and 32 bytes at 255 registers); attention_sums' V values (the KV_WRITE two launches
+# back). The same values, so the same bits (the emulator's late writes check the
 # reload; on an H100, conformance 274/274 and the twins' decode steps after prompts of 1 and
 # 600 tokens bit-identical to cpu). H100, seventeenth session, replayed decode step, ms:
 # depth 100 SmolLM2 0.756 -> 0.752, Qwen 0.842 -> 0.837, Gemma 3 0.819 -> 0.802; depth 4,000

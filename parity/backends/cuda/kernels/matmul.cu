@@ -531,9 +531,9 @@ struct GemvSegs {
 // is first normed (RMS_NORM_MUL over its head_dim values: Gemma 3's q and k norms), so the
 // rows keep their order and the last of a head's blocks to finish (an atomic ticket a head)
 // norms the head's rows, then rotates them (head_norm_rope). ROPE_EARLY (8, added to the mode;
-// the lowering's EARLY_LOADS, where the positions are a step's input, which no kernel writes):
-// each thread's first rotation's position, cos and sin are loaded before PDL's wait, while the
-// kernel before still runs, not after the product (rope_early).
+// the lowering's EARLY_LOADS, where the positions are a step's input and the launch is not its
+// split's first): each thread's first rotation's position, cos and sin are loaded before PDL's
+// wait, while the kernel before still runs, not after the product (rope_early).
 enum { HEAD_NORM = 4, ROPE_EARLY = 8 };
 struct RopeSegs {
     float* out[2];    // the ROPE values of segments 0 and 1, (T, N)
@@ -560,8 +560,8 @@ __device__ __forceinline__ int rope_row(int slot, const RopeSegs& r) {
 }
 
 // rope_kv_rows' loads for this thread's first (token, slot), k = threadIdx.x, that no kernel
-// writes: the token's position and, for the first slot of a rotated pair, its cos and sin
-// (p < 0: this thread has no such slot, or they were not loaded early)
+// of the step writes: the token's position and, for the first slot of a rotated pair, its cos
+// and sin (p < 0: this thread has no such slot, or they were not loaded early)
 struct RopeEarly {
     i64 p;
     float c, s;
