@@ -47,14 +47,20 @@ class CaseSpec:
     build: Callable[[], Case] = attrs.field(eq=False, repr=False)
 
 
-def activations(rng: np.random.Generator, shape, special: bool = True, scale: float = 1.0):
+def activations(rng: np.random.Generator, shape, special: bool = True, scale: float = 1.0,
+                normed: bool = False):  # fmt: skip
     """Seeded normal values; with ``special``, SPECIAL planted first and, where there is more
     than one row, the last row constant (a single row, a decode step's, keeps its values: made
-    constant, it was its first special value, 0.0, all along)."""
+    constant, it was its first special value, 0.0, all along). ``normed``: a block's input that
+    a norm reads (or a product and a residual ADD before it): only the special values whose
+    squares are finite, not +-1e30, with which the row's squares sum to +inf and the row norms to
+    zeros, so that a one-row block after the norm saw nothing but zeros (its products, attention,
+    head norms; the norm cases keep them)."""
     x = (rng.standard_normal(shape) * scale).astype(np.float32)
     if special:
         flat = x.reshape(-1)
-        flat[: SPECIAL.size] = SPECIAL[: flat.size]
+        planted = SPECIAL[np.abs(SPECIAL) < 1e19] if normed else SPECIAL
+        flat[: planted.size] = planted[: flat.size]
         if x.ndim > 1 and x.shape[0] > 1:
             x[-1] = x[-1, 0]
     return x
@@ -304,7 +310,7 @@ def _unfused_ffn(dtype: DType, e: int, f: int, t: int, eps: float, special: bool
     (the norm and its weight, gate and up with their SWIGLU, down and the residual ADD)."""
 
     def make(g: _Builder) -> Ref:
-        x = g.input("x", activations(g.rng, (t, e), special=special))
+        x = g.input("x", activations(g.rng, (t, e), special=special, normed=True))
         h = g.op(Op.MUL, g.op(Op.RMS_NORM, x, arg=eps), g.weight("norm", F32, (e,)))
         gate = g.op(Op.MATMUL, h, g.weight("gate", dtype, (f, e), edge=special))
         up = g.op(Op.MATMUL, h, g.weight("up", dtype, (f, e), edge=special))
@@ -321,8 +327,8 @@ def _unfused_product_norm(dtype: DType, e: int, k: int, t: int, eps: float, chai
     ``chained``, Gemma 3's: the product normed first, that norm added to the residual."""
 
     def make(g: _Builder) -> tuple[Ref, ...]:
-        x = g.input("x", activations(g.rng, (t, k)))
-        r = g.input("r", activations(g.rng, (t, e), scale=3))
+        x = g.input("x", activations(g.rng, (t, k), normed=True))
+        r = g.input("r", activations(g.rng, (t, e), scale=3, normed=True))
         p = g.op(Op.MATMUL, x, g.weight("w", dtype, (e, k)))
         if chained:
             p = g.op(Op.MUL, g.op(Op.RMS_NORM, p, arg=eps), g.weight("post", F32, (e,)))
@@ -404,7 +410,7 @@ def _unfused_attention_block(
     n_head, n_kv, head_dim = heads
 
     def make(g: _Builder) -> Ref:
-        x = g.input("x", activations(g.rng, (t, e)))
+        x = g.input("x", activations(g.rng, (t, e), normed=True))
         h = g.op(Op.MUL, g.op(Op.RMS_NORM, x, arg=eps), g.weight("norm", F32, (e,)))
 
         def project(name: str, rows: int) -> Ref:
