@@ -322,6 +322,21 @@ def test_decode_norms_of_fewer_threads_are_bit_exact_in_the_emulator(case, threa
     assert threads in blocks, blocks
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("case", [c for c in NORMS if not c.endswith(PREFILL)])
+def test_decode_norms_a_slot_a_thread_are_bit_exact_in_the_emulator(case, reverse, monkeypatch):
+    """NORM_SLOTS: a decode step's norms by blocks of the row's width, a slot a thread (576 and
+    896 wide, the residual norm's sum, Gemma 3's chained norms of the sum and its two head
+    norms of 256 in one launch), the tree's top levels by every warp from the subtrees in
+    shared memory; the threads resumed in both orders (its one barrier a norm), the same
+    bits, and rms_norm_f32 not launched but for rows wider than a block (1,152)."""
+    launched = _judge_with(case, monkeypatch, reverse=reverse, NORM_SLOTS=True)
+    slots = {block for name, block in launched if name.startswith("rms_norm_slots<")}
+    wide = "-1152x" in case
+    assert bool(slots) != wide and slots <= {256, 576, 640, 896}, launched
+    assert any(name == "rms_norm_f32" for name, _ in launched) == wide, launched
+
+
 PREFILL_NORMS = [c for c in NORMS if c.endswith(PREFILL)]
 
 
@@ -492,13 +507,15 @@ def test_norms_made_by_their_products_are_bit_exact_in_the_emulator(arch, monkey
     assert len(rows) == 2, launched  # (WPR: o's 1, down's 2 or 4)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_loads_before_the_wait_are_bit_exact_in_the_emulator(arch, monkeypatch) -> None:
+@pytest.mark.parametrize("arch, slots", [("llama", False), ("qwen2", False), ("llama", True),
+                                         ("gemma3", True)])  # fmt: skip
+def test_loads_before_the_wait_are_bit_exact_in_the_emulator(arch, slots, monkeypatch) -> None:
     """EARLY_LOADS with PDL on: a 3-token prompt and two decode steps whose attention_chunks
     load their K rows and V values before the wait (and row p after it), whose q/k/v
     launches load their rotations' positions, cos and sin before it (neox pairs for qwen2,
     adjacent ones for llama), and whose o and down products load their residuals before it;
-    every node bit-identical to the oracle's. (The emulator runs
+    with ``slots`` (NORM_SLOTS) the norms' weights too, and Gemma 3's chained norms their
+    residual; every node bit-identical to the oracle's. (The emulator runs
     launches one after another: the kernels' paths and the lowering's choice are checked
     here; row p's reload, and attention_sums past 512 positions, in test_cuda_kernels_emulated
     with late writes.)"""
@@ -524,11 +541,18 @@ def test_loads_before_the_wait_are_bit_exact_in_the_emulator(arch, monkeypatch) 
 
     monkeypatch.setattr(EmulatedDriver, "launch", counted)
     monkeypatch.setattr(lowering, "EARLY_LOADS", True)
-    spec, weights = synthetic_model(tiny_spec(arch, n_ctx_train=1024), seed=9)
+    monkeypatch.setattr(lowering, "NORM_SLOTS", slots)
+    heads = WIDE if arch == "gemma3" else {}
+    spec, weights = synthetic_model(tiny_spec(arch, n_ctx_train=1024, **heads), seed=9)
     report = compare_steps(arch, spec, weights, [3, 141, 59], 3,
                            lambda: CpuBackend(Device("cpu")), with_pdl)  # fmt: skip
     assert report.violation is None and report.first_divergent is None
     assert report.identical_share == 1.0 and report.tokens_agree == 3
+    norms = {n for n in launched if n.startswith("rms_norm_slots<")}
+    if arch == "gemma3":  # (weights, and the chained norms' residuals: 3; its head norms: 1)
+        assert norms == {"rms_norm_slots<1>", "rms_norm_slots<3>"}, launched
+        return
+    assert norms == ({"rms_norm_slots<1>"} if slots else set()), launched
     assert launched["attention_chunks<64, 0, 1, 1, 0, 1>"] > 0, launched  # (the prompt's: not)
     modes = {int(n.rsplit(", ", 1)[1][:-1]) for n in launched if n.startswith("gemv_q_multi<")}
     assert modes and all(m & lowering.ROPE_EARLY for m in modes), launched

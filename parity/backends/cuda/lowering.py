@@ -114,6 +114,12 @@ NORM_DECODE_THREADS = NORM_THREADS
 # session, H100, alone: the 512-token prefill 6.75 -> 6.28 / 11.45 -> 11.08 / 6.98 -> 6.13 ms
 # at 256 (128: 6.48 / 11.25 / 6.24): 256
 NORM_PREFILL_THREADS = 256
+# a decode step's norms of rows up to NORM_THREADS wide, a multiple of 32, a slot a thread
+# (rows.cu's rms_norm_slots: a block of the row's width, one barrier a norm where
+# rms_norm_f32 takes four at 1,024 threads, a warp a Q8 block; under EARLY_LOADS the weights
+# and the ADD's residual loaded before PDL's wait). Until a GPU times it: off
+NORM_SLOTS = False
+NORM_EARLY_W, NORM_EARLY_RES = 1, 2  # rows.cu's rms_norm_slots<EARLY>
 # a launch's norms of more rows than GEMV_TOKENS' last (a prefill's, or the head norms of a
 # step of a few tokens) a row a warp (rows.cu's rms_norm_warps: runs of next_pow2(width) / 32
 # slots a lane in registers, the same tree) for rows up to this wide (at most
@@ -769,10 +775,20 @@ class Lowering:
         a.width = self.graph.nodes[jobs[0][0]].shape[1]
         written = {i for i, _, _ in jobs}
         quantized = False
+        reads: list[tuple[int, int]] = []
         for slot, (i, w, qn) in zip("ab", jobs, strict=False):
-            quantized |= self._norm_job(getattr(a, slot), i, w, qn, written)
+            quantized |= self._norm_job(getattr(a, slot), i, w, qn, written, reads)
         rows = a.a.rows + a.b.rows
         decode = rows <= GEMV_TOKENS[-1]
+        if decode and NORM_SLOTS and a.width % 32 == 0 and 32 <= a.width <= NORM_THREADS:
+            early = 0
+            for mode in (NORM_EARLY_W, NORM_EARLY_RES) if EARLY_LOADS and self.pdl else ():
+                some = [i for m, i in reads if m == mode]
+                if some and all(self._written_before_last(i) for i in some):
+                    early |= mode
+            self._launch("rows.cu", f"rms_norm_slots<{early}>", (rows, 1, 1), (a.width, 1, 1),
+                         [a])  # fmt: skip
+            return
         if not decode and a.width <= min(NORM_WARP_WIDTH_MAX, 32 * NORM_WARP_RUN_MAX):
             run = max(1, next_pow2(a.width) // 32)
             self._launch("rows.cu", f"rms_norm_warps<{run}>", (-(-rows // NORM_WARP_ROWS), 1, 1),
@@ -784,15 +800,20 @@ class Lowering:
                      a.width * 4 if quantized else 0)  # fmt: skip
 
     def _norm_job(self, job: NormJobArg, i: int, w: int | None, qn: int | None,
-                  written: set[int]) -> bool:  # fmt: skip
+                  written: set[int],
+                  reads: list[tuple[int, int]] | None = None) -> bool:  # fmt: skip
         """Fill ``job`` (norm.cuh's NormJob) for norm ``i`` with weight ``w`` and its QUANTIZE
         ``qn``; a norm read only by an ADD also writes its sum, and the norm of the sum that
         follows (with its QUANTIZE) is the same job's. Marks what it computes done; True when
-        it quantizes (the kernel's row of shared memory)."""
+        it quantizes (the kernel's row of shared memory). ``reads`` gets the weights' and the
+        residual's nodes, each with its NORM_EARLY_* bit (rms_norm_slots may load them early)."""
+        reads = [] if reads is None else reads
         nodes = self.graph.nodes
         node = nodes[i]
         job.y, job.x = self._ptr(i).value, self._ptr(node.src[0]).value
         job.w = None if w is None else self._ptr(w).value
+        if w is not None:
+            reads.append((NORM_EARLY_W, w))
         job.eps, job.rows = float(node.arg), node.shape[0]
         quantized = qn is not None
         if qn is not None:
@@ -803,6 +824,7 @@ class Lowering:
             return quantized
         res = next(s for s in nodes[add].src if s != i)
         job.sum, job.res = self._ptr(add).value, self._ptr(res).value
+        reads.append((NORM_EARLY_RES, res))
         self.done.add(add)
         written.add(add)
         then = self._norm_of(add)
@@ -810,6 +832,8 @@ class Lowering:
             job.y2, job.eps2 = self._ptr(then).value, float(nodes[then].arg)
             w2 = self._norm_weight(then)
             job.w2 = None if w2 is None else self._ptr(w2).value
+            if w2 is not None:
+                reads.append((NORM_EARLY_W, w2))
             q2 = self._fused_reader(
                 [u for u in self.readers.get(then, []) if u in self.inside], Op.QUANTIZE
             )

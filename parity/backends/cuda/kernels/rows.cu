@@ -100,6 +100,63 @@ __global__ void __launch_bounds__(NORM_THREADS) rms_norm_f32(NormRows args) {
              args.width, row, srow, tmp);
 }
 
+// A decode step's norms a slot a thread (the lowering's NORM_SLOTS): a row of ``width`` (a
+// multiple of 32, at most 1,024) a block of ``width`` threads, thread i holding x[i], where
+// rms_norm_f32 gives a row 1,024 threads and four barriers. The squares' TREE: a warp's
+// butterfly over its 32 slots (levels 1 to 5), then each warp's own butterfly over the
+// block's subtrees from shared memory (the levels above, every run of P lanes holding the P
+// subtrees, so that every lane ends with the sum; the slots past the row are +0.0, and a subtree
+// of them is +0.0: a sum of squares, never -0.0, plus +0.0 is itself), so one barrier a norm. ``parts``: 32 floats, one array a norm of the block (no barrier between them).
+__device__ __forceinline__ float norm_slot(float x, const float* w, float wi, int width,
+                                           float eps, float* parts) {
+    const int lane = threadIdx.x & 31;
+    const float sub = warp_tree(__fmul_rn(x, x), 32);
+    if (lane == 0) parts[threadIdx.x >> 5] = sub;
+    __syncthreads();
+    const int P = next_pow2(width) >> 5, k = lane & (P - 1);  // (each P lanes: the P subtrees)
+    const float ss = warp_tree(k < (int)(blockDim.x >> 5) ? parts[k] : 0.0f, P);
+    float u = __fmul_rn(x, rms_scale(ss, width, eps));
+    if (w != nullptr) u = __fmul_rn(u, wi);
+    return u;
+}
+
+// Each warp's 32 values are a Q8 block of the row (quantize_block). EARLY: the norms' weights
+// (NORM_EARLY_W) and the ADD's residual (NORM_EARLY_RES) loaded before PDL's wait, where the
+// kernel before cannot be writing them (the lowering's EARLY_LOADS).
+#define NORM_EARLY_W 1
+#define NORM_EARLY_RES 2
+template <int EARLY>
+__global__ void __launch_bounds__(NORM_THREADS) rms_norm_slots(NormRows args) {
+    __shared__ float parts[2][32];
+    const bool second = (int)blockIdx.x >= args.a.rows;
+    const NormJob j = pick_job(args, second);
+    const int width = args.width, i = threadIdx.x;
+    const i64 row = second ? blockIdx.x - args.a.rows : blockIdx.x;
+    const i64 at = row * width + i, block = row * (width >> 5) + (i >> 5);
+    float w = 1.0f, w2 = 1.0f, r = 0.0f;
+    if (EARLY & NORM_EARLY_W) {
+        if (j.w != nullptr) w = __ldcg(j.w + i);
+        if (j.w2 != nullptr) w2 = __ldcg(j.w2 + i);
+    }
+    if ((EARLY & NORM_EARLY_RES) && j.sum != nullptr) r = __ldcg(j.res + at);
+    pdl_begin();
+    if (!(EARLY & NORM_EARLY_W)) {
+        if (j.w != nullptr) w = j.w[i];
+        if (j.w2 != nullptr) w2 = j.w2[i];
+    }
+    if (!(EARLY & NORM_EARLY_RES) && j.sum != nullptr) r = j.res[at];
+    const float u = norm_slot(__ldcg(j.x + at), j.w, w, width, j.eps, parts[0]);
+    if (j.y != nullptr) j.y[at] = u;
+    if (j.q != nullptr) quantize_block(u, j.q + (at & ~(i64)31), j.qd + block, j.qs + block);
+    if (j.sum == nullptr) return;  // (the block's whole job: no barrier follows)
+    const float s = __fadd_rn(r, u);
+    j.sum[at] = s;
+    if (j.y2 == nullptr) return;
+    const float u2 = norm_slot(s, j.w2, w2, width, j.eps2, parts[1]);
+    j.y2[at] = u2;
+    if (j.q2 != nullptr) quantize_block(u2, j.q2 + (at & ~(i64)31), j.qd2 + block, j.qs2 + block);
+}
+
 // A prefill's norms: a row a warp (norm.cuh's norm_job_warp, runs of R = next_pow2(width) / 32
 // slots a lane), blockDim.x / 32 rows a block (the lowering's NORM_WARP_ROWS): no barrier, and
 // a row narrower than rms_norm_f32's 1,024 threads (Gemma 3's heads of 256) takes a warp, not
