@@ -327,13 +327,14 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
   # would show in the twins' decode steps: `SHORT=1 bash benchmarks/gpu_bench.sh compare`)
   run conformance_early python3 benchmarks/with_lowering.py EARLY_LOADS=0 -- -m parity \
     conformance cuda &
-  # (eighteenth session: a decode step's norms a slot a thread, NORM_SLOTS)
-  run conformance_norm_slots python3 benchmarks/with_lowering.py NORM_SLOTS=1 -- -m parity \
+  # (eighteenth session: a decode step's norms a slot a thread, NORM_SLOTS, on; rms_norm_f32's
+  # decode rows, which rows wider than 1,024 still take, here)
+  run conformance_norm_block python3 benchmarks/with_lowering.py NORM_SLOTS=0 -- -m parity \
     conformance cuda -k fusion -k norm &
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
          conformance_fast_attention1 conformance_fast_attention2 conformance_fast_gemm
          conformance_fast_gemm_half conformance_fast_glu1 conformance_norm_in conformance_early
-         conformance_norm_slots)
+         conformance_norm_block)
   # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
   if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
     files+=(conformance_triton)

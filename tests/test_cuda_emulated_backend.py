@@ -159,13 +159,13 @@ def test_switched_fusions_are_bit_exact_in_the_emulator(switch, case, monkeypatc
     kernel = SWITCHED[switch][1]
     assert any(kernel in name for name in launched), launched
     alone = {
-        "NORM_AFTER_PRODUCT": "rms_norm_f32",
+        "NORM_AFTER_PRODUCT": ("rms_norm_f32", "rms_norm_slots"),
         "QKV_HEAD_NORMS": "rope_f32<1>",
         "GLU_IN_PRODUCT": "glu_f32<1>",
         "WIDE_GEMV": "gemv_q<",
         "WIDE_FIT_ROW": "gemv_q<",
         "ARGMAX_IN_HEAD": "argmax_f32",
-        "NORM_IN_PRODUCT": "rms_norm_f32",
+        "NORM_IN_PRODUCT": ("rms_norm_f32", "rms_norm_slots"),
     }[switch]  # (what the fused kernel replaces)
     assert not any(name.startswith(alone) for name in launched), launched
 
@@ -314,10 +314,10 @@ NORMS = [c for c in CASES if c.startswith("rms_norm") or "-norm-" in c or "-norm
 @pytest.mark.parametrize("threads", [32, 128])
 @pytest.mark.parametrize("case", [c for c in NORMS if not c.endswith(PREFILL)])
 def test_decode_norms_of_fewer_threads_are_bit_exact_in_the_emulator(case, threads, monkeypatch):
-    """NORM_DECODE_THREADS: a decode step's norms by blocks of fewer threads, each thread a
-    longer run of the squares' TREE (and Gemma 3's 1,152-wide chained norm at 32: 64 a
-    thread); the same tree, the same bits."""
-    launched = _judge_with(case, monkeypatch, NORM_DECODE_THREADS=threads)
+    """NORM_DECODE_THREADS: a decode step's norms by rms_norm_f32's blocks (NORM_SLOTS off)
+    of fewer threads, each thread a longer run of the squares' TREE (and Gemma 3's 1,152-wide
+    chained norm at 32: 64 a thread); the same tree, the same bits."""
+    launched = _judge_with(case, monkeypatch, NORM_DECODE_THREADS=threads, NORM_SLOTS=False)
     blocks = [block for name, block in launched if name == "rms_norm_f32"]
     assert threads in blocks, blocks
 

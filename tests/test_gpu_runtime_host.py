@@ -571,7 +571,7 @@ def test_gemma3_decode_step_launches():
     # the step's own: embedding rows, their scale, the first layer's first norm, the head
     # (the output norm is the last layer's) and argmax
     assert len(names) == 10 * spec.n_layer + sums + 5, names
-    assert names.count("rms_norm_f32") == 3 * spec.n_layer + 1
+    assert names.count("rms_norm_slots<0>") == 3 * spec.n_layer + 1  # (a slot a thread)
     assert names.count("glu_f32<1>") == spec.n_layer
     assert not {"quantize_q8", "binary_f32<0>"} & set(names)
 
@@ -614,9 +614,8 @@ def test_norm_after_product_takes_the_norms_launches(name, per_layer, tokens, mo
     alone = sliced and name != "gemma3"
     assert sum(n.startswith("gemv_q_norm") for n in names) == 2 * spec.n_layer - alone
     head_norms = spec.n_layer if name == "gemma3" else 0  # (of 7 tokens' 28 rows: a row a warp)
-    assert sum(n.startswith(("rms_norm_f32", "rms_norm_warps")) for n in names) == (
-        head_norms + 1 + sliced
-    )
+    assert sum(n.startswith(("rms_norm_f32", "rms_norm_slots", "rms_norm_warps"))
+               for n in names) == head_norms + 1 + sliced  # fmt: skip
     assert "norm_ticket" in lowering._shared
     norms = [launch for _, (launch, *_) in lowered.launches
              if getattr(launch, "name", "").startswith("gemv_q_norm")]  # fmt: skip
@@ -648,7 +647,7 @@ def test_norm_in_product_leaves_the_norms_to_their_products(name, tokens, monkey
     sums = sum(n.startswith("attention_sums") for n in names)
     assert len(names) == 5 * spec.n_layer + sums + 5 - (tokens > 1), names[:16]
     count = lambda prefix: sum(n.startswith(prefix) for n in names)  # noqa: E731
-    assert count("rms_norm_f32") == 2
+    assert count(("rms_norm_f32", "rms_norm_slots")) == 2
     assert count("gemv_q_sq<") == 2 * spec.n_layer - 1  # (the last down's norm: the head's)
     assert count("gemv_q_multi_normed<") == spec.n_layer - 1
     assert count("gemv_q_q8_normed<") == spec.n_layer
@@ -720,14 +719,14 @@ def test_early_loads_where_the_kernel_before_cannot_be_writing(
     assert len(residual) == (0 if gemma else 2 * spec.n_layer)
     if norm_in and not gemma:  # (the last down's norm is the head's: a plain gemv_q)
         assert sum(b.startswith("gemv_q_sq<") for _, b in residual) == 2 * spec.n_layer - 1
-    others = [
-        (a, b)
-        for a, b in pairs
-        if a != b
-        and not a.startswith(
-            ("attention_chunks<", "attention_sums<", "gemv_q_multi", "gemv_q<", "gemv_q_sq<")
-        )
-    ]
+    # the decode norms' weights (every norm here has one), and Gemma 3's chained norms' residuals
+    norms = [b for a, b in pairs if a.startswith("rms_norm_slots<")]
+    modes = {int(b.split("<")[1][:-1]) for b in norms}
+    assert all(m & lowering_mod.NORM_EARLY_W for m in modes), norms
+    assert any(m & lowering_mod.NORM_EARLY_RES for m in modes) == gemma, norms
+    changed = ("attention_chunks<", "attention_sums<", "gemv_q_multi", "gemv_q<", "gemv_q_sq<",
+               "rms_norm_slots<")  # fmt: skip
+    others = [(a, b) for a, b in pairs if a != b and not a.startswith(changed)]
     assert not others, others
 
 
@@ -763,7 +762,7 @@ def test_gemma3_decode_step_with_every_decode_switch_takes_five_launches_a_layer
     assert len(names) == 5 * spec.n_layer + sums + 5, names[:14]
     assert sum(n.endswith(", 6>") and n.startswith("gemv_q_multi") for n in names) == spec.n_layer
     assert sum(n.startswith("gemv_q_q8<") and ", 8, " in n for n in names) == spec.n_layer
-    assert names.count("rms_norm_f32") == 1 + (tokens > 1)
+    assert sum(n.startswith(("rms_norm_f32", "rms_norm_slots")) for n in names) == 1 + (tokens > 1)
     assert not any(n.startswith(("rope_f32", "glu_f32")) for n in names)
     multi = [launch for _, (launch, *_) in lowered.launches
              if getattr(launch, "name", "").startswith("gemv_q_multi")]  # fmt: skip
@@ -818,10 +817,10 @@ def test_a_two_norm_launch_never_reads_what_its_other_job_writes(case):
     lowered = lowering.lower(order, readers)
     assert lowering.done == set(order)
     names = [launch.name for _, (launch, *_) in lowered.launches]
-    assert names.count("rms_norm_f32") == 1  # the two norms together
+    assert names.count("rms_norm_slots<0>") == 1  # the two norms together (4 rows of 64)
     assert names.count("binary_f32<0>") == 1  # the ADD that would read the other job's rows
     (norms,) = (launch.args[0] for _, (launch, *_) in lowered.launches
-                if launch.name == "rms_norm_f32")  # fmt: skip
+                if launch.name == "rms_norm_slots<0>")  # fmt: skip
     assert isinstance(norms, NormRowsArg)
     jobs = [job for job in (norms.a, norms.b) if job.rows]
     assert len(jobs) == 2

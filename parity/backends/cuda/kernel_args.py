@@ -110,8 +110,9 @@ class MmaMoreArg(ctypes.Structure):
 
 
 class NormJobArg(ctypes.Structure):
-    """``struct NormJob`` of rows.cu: a norm of an rms_norm_f32 launch, with the ADD and the
-    norm of the sum that may follow it (null: not done)."""
+    """``struct NormJob`` of rows.cu: a norm of a norm launch (rms_norm_f32, rms_norm_slots,
+    rms_norm_warps), with the ADD and the norm of the sum that may follow it (null: not
+    done)."""
 
     _fields_ = [
         (name, ctypes.c_void_p)

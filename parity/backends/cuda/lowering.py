@@ -105,9 +105,10 @@ EPI_BIAS, EPI_RESIDUAL, EPI_SWIGLU, EPI_GEGLU = 1, 2, 4, 8
 EPI_RES_EARLY = 16  # ... and a GEMV's residual loaded before PDL's wait (EARLY_LOADS)
 FLOAT_WEIGHTS = (DType.F32, DType.F16, DType.BF16)
 NORM_THREADS = 1024  # norm.cuh's
-# ... and a decode step's norms' (a row or two a launch: 4 us each on the H200, 61 a SmolLM2
-# step): any power of two from 32 to NORM_THREADS, each thread then taking a longer run of
-# the squares' TREE (the same tree). Until a GPU times fewer: NORM_THREADS
+# ... and a decode step's norms' where rms_norm_f32 takes them (rows NORM_SLOTS does not: wider
+# than 1,024 or not of 32s; a row or two a launch: 4 us each on the H200): any power of two
+# from 32 to NORM_THREADS, each thread then taking a longer run of the squares' TREE (the same
+# tree). Until a GPU times fewer: NORM_THREADS
 NORM_DECODE_THREADS = NORM_THREADS
 # ... and a prefill's (rms_norm_f32 a row a block; the ninth session's H200 A/B: 15 us a launch
 # of 512 rows at 1,024 threads, and about 18-30 us a row a warp, below), the same choices. Tenth
@@ -117,8 +118,12 @@ NORM_PREFILL_THREADS = 256
 # a decode step's norms of rows up to NORM_THREADS wide, a multiple of 32, a slot a thread
 # (rows.cu's rms_norm_slots: a block of the row's width, one barrier a norm where
 # rms_norm_f32 takes four at 1,024 threads, a warp a Q8 block; under EARLY_LOADS the weights
-# and the ADD's residual loaded before PDL's wait). Until a GPU times it: off
-NORM_SLOTS = False
+# and the ADD's residual loaded before PDL's wait). Bit-exact (emulator; H100: conformance,
+# the twins' decode steps and 64 greedy tokens). H100, eighteenth session, replayed decode
+# step, ms: depth 100 SmolLM2 0.748-0.752 -> 0.621-0.626, Qwen 0.839-0.851 -> 0.751, Gemma 3
+# 0.787-0.792 -> 0.625-0.626; depth 4,000 0.974 -> 0.861, 1.056 -> 0.967, 0.914 -> 0.747; the
+# norms' own time a SmolLM2 step (PDL off) 261 -> 165 us (docs/perf.md): on
+NORM_SLOTS = True
 NORM_EARLY_W, NORM_EARLY_RES = 1, 2  # rows.cu's rms_norm_slots<EARLY>
 # a launch's norms of more rows than GEMV_TOKENS' last (a prefill's, or the head norms of a
 # step of a few tokens) a row a warp (rows.cu's rms_norm_warps: runs of next_pow2(width) / 32
@@ -768,9 +773,9 @@ class Lowering:
         self._launch_norm(jobs)
 
     def _launch_norm(self, jobs: list[tuple[int, int | None, int | None]]) -> None:
-        """One rms_norm_f32 (or rms_norm_warps) launch of one or two norms (node, weight,
-        QUANTIZE or None) of one width (``_norm_job``). No job reads what another block of the
-        launch writes: ``written``."""
+        """One rms_norm_f32 (or rms_norm_slots, rms_norm_warps) launch of one or two norms
+        (node, weight, QUANTIZE or None) of one width (``_norm_job``). No job reads what another
+        block of the launch writes: ``written``."""
         a = NormRowsArg()
         a.width = self.graph.nodes[jobs[0][0]].shape[1]
         written = {i for i, _, _ in jobs}
