@@ -337,6 +337,19 @@ def test_decode_norms_a_slot_a_thread_are_bit_exact_in_the_emulator(case, revers
     assert any(name == "rms_norm_f32" for name, _ in launched) == wide, launched
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c.startswith("fusion-ffn-")
+                                  and not c.endswith(PREFILL)])  # fmt: skip
+def test_gate_up_tickets_of_one_fence_a_block_are_bit_exact_in_the_emulator(case, monkeypatch):
+    """ONE_FENCE: gate/up's tickets (gemv_q_q8, the last block of a 32-row group quantizes it)
+    taken with one fence a block; the same bits, the tickets zero again (the kit's sentinel
+    checks). (The emulator runs blocks one after another: the fences' order, a GPU's.)"""
+    from parity.backends.cuda.lowering import EPI_ONE_FENCE
+
+    launched = [n for n, _ in _judge_with(case, monkeypatch, ONE_FENCE=True)]
+    q8 = [n for n in launched if n.startswith("gemv_q_q8<")]
+    assert q8 and all(int(n.split(", ")[2]) & EPI_ONE_FENCE for n in q8), launched
+
+
 PREFILL_NORMS = [c for c in NORMS if c.endswith(PREFILL)]
 
 

@@ -103,6 +103,12 @@ MMA_BLOCK_PAIRS = 10  # (d, s) pairs a token's row of activation blocks takes (M
 ATTENTION_DIMS = (64, 128, 256)
 EPI_BIAS, EPI_RESIDUAL, EPI_SWIGLU, EPI_GEGLU = 1, 2, 4, 8
 EPI_RES_EARLY = 16  # ... and a GEMV's residual loaded before PDL's wait (EARLY_LOADS)
+EPI_ONE_FENCE = 32  # ... and gemv_q_q8's tickets taken with one fence a block (ONE_FENCE)
+# gate/up's tickets (gemv_q_q8: the last block of each 32-row group quantizes the group) taken
+# with one fence a block, by thread 0 after the block's barrier, where every thread fenced
+# (Nsight Compute, seventeenth session: memory-barrier stalls 1.62 cycles an instruction of
+# its ~10). Until a GPU times it: off
+ONE_FENCE = False
 FLOAT_WEIGHTS = (DType.F32, DType.F16, DType.BF16)
 NORM_THREADS = 1024  # norm.cuh's
 # ... and a decode step's norms' where rms_norm_f32 takes them (rows NORM_SLOTS does not: wider
@@ -1176,8 +1182,11 @@ class Lowering:
             grid = (-(-n // (GEMV_WARPS // wpr)), 1, 1)
             early = (EARLY_LOADS and self.pdl and res is not None
                      and self._written_before_last(res))  # fmt: skip
-            kind = f"{w.dtype.value}, {tmax}, {epi | (EPI_RES_EARLY if early else 0)}, {wpr}"
+            flags = epi | (EPI_RES_EARLY if early else 0)
+            kind = f"{w.dtype.value}, {tmax}, {flags}, {wpr}"
             if q8 is not None and n % 32 == 0:
+                fence = EPI_ONE_FENCE if ONE_FENCE else 0
+                kind = f"{w.dtype.value}, {tmax}, {flags | fence}, {wpr}"
                 self._launch("matmul.cu", f"gemv_q_q8<{kind}>", grid, block,
                              [pointer(out), xq, *common, *self._q8_out(n, q8, glu)])  # fmt: skip
                 return True

@@ -47,12 +47,36 @@ __device__ __forceinline__ u32 dynamic_smem_bytes() {
 #endif
 }
 
+// A fence at GPU scope of release and acquire, what a ticket asks (__threadfence() is
+// fence.sc.gpu: sequentially consistent, more than that)
+__device__ __forceinline__ void fence_acq_rel_gpu() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#else
+    __threadfence();
+#endif
+}
+
 // Whether this block is the last of ``count`` blocks sharing ``ticket`` to get here, every one
 // having written its results first: each fences them and takes a ticket; the block that takes
 // the last one fences again and may then read what the others wrote (at L2: __ldcg), and must
 // set the ticket back to zero when done, for the next launch or replay. ``last``: a __shared__
-// int of the caller's.
+// int of the caller's. ONE: one fence a block, not one a thread, and of release and acquire:
+// thread 0 fences after the barrier, which orders the block's writes before it, and again after
+// its ticket, before the barrier that hands ``last`` to the block (cooperative groups' grid
+// sync, the same order).
+template <bool ONE = false>
 __device__ __forceinline__ bool last_block(int* ticket, int count, int& last) {
+    if (ONE) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            fence_acq_rel_gpu();
+            last = atomicAdd(ticket, 1) == count - 1;
+            if (last) fence_acq_rel_gpu();
+        }
+        __syncthreads();
+        return last;
+    }
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(ticket, 1) == count - 1;

@@ -18,9 +18,11 @@
 #include "norm.cuh"
 #include "quant.cuh"
 
-enum { EPI_BIAS = 1, EPI_RESIDUAL = 2, EPI_SWIGLU = 4, EPI_GEGLU = 8, EPI_RES_EARLY = 16 };
+enum { EPI_BIAS = 1, EPI_RESIDUAL = 2, EPI_SWIGLU = 4, EPI_GEGLU = 8, EPI_RES_EARLY = 16,
+       EPI_ONE_FENCE = 32 };
 // (EPI_RES_EARLY, with EPI_RESIDUAL, a GEMV's (gemv_q_row): the residual loaded at L2 before
-// PDL's wait, the lowering's EARLY_LOADS where a kernel two launches back or earlier wrote it)
+// PDL's wait, the lowering's EARLY_LOADS where a kernel two launches back or earlier wrote it;
+// EPI_ONE_FENCE, gemv_q_q8's: its tickets taken with one fence a block, last_block<true>)
 #define EPI_GATED (EPI_SWIGLU | EPI_GEGLU)  // two matrices, y = act(x Wg^T) * (x Wu^T)
 
 struct Q8 {  // a Q8A value on the device: quants (T, K), and per 32-block d and s (T, K/32)
@@ -459,7 +461,7 @@ __device__ __forceinline__ void gemv_q_q8_body(float* y, const Q8& x, const u8* 
     GEMV_ROW_ALL(QT, TMAX, EPI, WPR, y, w, w2, bias, res, N, row_bytes, min(n, N - 1), n < N,
                  g_out, u_out, nullptr, pro);
     const int g = blockIdx.x / GROUP;
-    if (!last_block(&tickets[g], GROUP, last)) return;
+    if (!last_block<(EPI & EPI_ONE_FENCE) != 0>(&tickets[g], GROUP, last)) return;
     const int nb = N / 32, lane = threadIdx.x & 31;
     for (int t = threadIdx.x >> 5; t < T; t += GEMV_WARPS) {
         const float v = __ldcg(y + (i64)t * N + g * 32 + lane);  // at L2: other blocks wrote it
