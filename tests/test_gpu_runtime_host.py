@@ -120,6 +120,7 @@ def test_decode_sized_splits_take_pdl(tokens, decode):
 
 KERNELS = [
     ("rows.cu", "rms_norm_f32"),
+    *(("rows.cu", f"rms_norm_slots<{e}>") for e in (0, 1, 3)),  # (NORM_SLOTS)
     ("rows.cu", "quantize_q8"),
     ("rows.cu", "rope_f32<1>"),
     ("rows.cu", "argmax_f32"),
@@ -132,6 +133,7 @@ KERNELS = [
     ("matmul.cu", "gemv_q_multi<3, 3, 1, 0, 1, 1>"),
     ("matmul.cu", "gemv_q_multi<3, 3, 8, 0, 2, 0>"),
     ("matmul.cu", "gemv_q_q8<12, 1, 4, 1>"),
+    ("matmul.cu", "gemv_q_q8<3, 1, 36, 1>"),  # (... ONE_FENCE)
     ("matmul.cu", "gemv_q_norm<3, 1, 2, 1>"),
     ("matmul.cu", "gemv_q_norm<12, 8, 0, 4>"),
     ("matmul.cu", "gemv_q_q8<8, 1, 8, 1>"),

@@ -105,10 +105,13 @@ EPI_BIAS, EPI_RESIDUAL, EPI_SWIGLU, EPI_GEGLU = 1, 2, 4, 8
 EPI_RES_EARLY = 16  # ... and a GEMV's residual loaded before PDL's wait (EARLY_LOADS)
 EPI_ONE_FENCE = 32  # ... and gemv_q_q8's tickets taken with one fence a block (ONE_FENCE)
 # gate/up's tickets (gemv_q_q8: the last block of each 32-row group quantizes the group) taken
-# with one fence a block, by thread 0 after the block's barrier, where every thread fenced
-# (Nsight Compute, seventeenth session: memory-barrier stalls 1.62 cycles an instruction of
-# its ~10). Until a GPU times it: off
-ONE_FENCE = False
+# with one acq_rel fence a block, by thread 0 after the block's barrier, where every thread ran
+# a sequentially consistent one (Nsight Compute, seventeenth session: memory-barrier stalls
+# 1.62 cycles an instruction of its ~10). H100, eighteenth session: conformance's fusion and
+# SWIGLU cases 72/72 bit-exact, SmolLM2's and Qwen's 16 decode steps and 32 greedy tokens
+# identical to cpu; replayed decode step at depth 100, two rounds, ms: SmolLM2 0.627 / 0.626 ->
+# 0.622 / 0.618, Qwen 0.755 / 0.753 -> 0.745 / 0.747 (gate/up 2-3 % less time): on
+ONE_FENCE = True
 FLOAT_WEIGHTS = (DType.F32, DType.F16, DType.BF16)
 NORM_THREADS = 1024  # norm.cuh's
 # ... and a decode step's norms' where rms_norm_f32 takes them (rows NORM_SLOTS does not: wider
