@@ -51,15 +51,16 @@ def activations(rng: np.random.Generator, shape, special: bool = True, scale: fl
                 normed: bool = False):  # fmt: skip
     """Seeded normal values; with ``special``, SPECIAL planted first and, where there is more
     than one row, the last row constant (a single row, a decode step's, keeps its values: made
-    constant, it was its first special value, 0.0, all along). ``normed``: a block's input that
-    a norm reads (or a product and a residual ADD before it): only the special values whose
-    squares are finite, not +-1e30, with which the row's squares sum to +inf and the row norms to
-    zeros, so that a one-row block after the norm saw nothing but zeros (its products, attention,
-    head norms; the norm cases keep them)."""
+    constant, it was its first special value, 0.0, all along). ``normed``: the input of a block
+    that a norm reads (or a product and a residual ADD before it), of one row: only the special
+    values whose squares are finite, not +-1e30, with which the row's squares sum to +inf and the
+    row norms to zeros, so that the block after the norm saw nothing but zeros (its products,
+    attention, head norms). Rows past the first keep that case for every later kernel."""
     x = (rng.standard_normal(shape) * scale).astype(np.float32)
     if special:
         flat = x.reshape(-1)
-        planted = SPECIAL[np.abs(SPECIAL) < 1e19] if normed else SPECIAL
+        one_row = x.ndim == 1 or x.shape[0] == 1
+        planted = SPECIAL[np.abs(SPECIAL) < 1e19] if normed and one_row else SPECIAL
         flat[: planted.size] = planted[: flat.size]
         if x.ndim > 1 and x.shape[0] > 1:
             x[-1] = x[-1, 0]
