@@ -105,8 +105,9 @@ __global__ void __launch_bounds__(NORM_THREADS) rms_norm_f32(NormRows args) {
 // rms_norm_f32 gives a row 1,024 threads and four barriers. The squares' TREE: a warp's
 // butterfly over its 32 slots (levels 1 to 5), then each warp's own butterfly over the
 // block's subtrees from shared memory (the levels above, every run of P lanes holding the P
-// subtrees, so that every lane ends with the sum; the slots past the row are +0.0, and a subtree
-// of them is +0.0: a sum of squares, never -0.0, plus +0.0 is itself), so one barrier a norm. ``parts``: 32 floats, one array a norm of the block (no barrier between them).
+// subtrees, so that every lane ends with the sum; the slots past the row are +0.0, and a
+// subtree of them is +0.0: a sum of squares, never -0.0, plus +0.0 is itself), so one barrier
+// a norm. ``parts``: 32 floats, one array a norm of the block (no barrier between them).
 __device__ __forceinline__ float norm_slot(float x, const float* w, float wi, int width,
                                            float eps, float* parts) {
     const int lane = threadIdx.x & 31;
