@@ -322,16 +322,15 @@ def test_decode_norms_of_fewer_threads_are_bit_exact_in_the_emulator(case, threa
     assert threads in blocks, blocks
 
 
-@pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("case", [c for c in NORMS if not c.endswith(PREFILL)])
-def test_decode_norms_a_slot_a_thread_are_bit_exact_in_the_emulator(case, reverse, monkeypatch):
+def test_decode_norms_a_slot_a_thread_are_bit_exact_in_the_emulator(case, monkeypatch):
     """NORM_SLOTS: the kit's decode norms by blocks of the row's width, a slot a thread (576
     and 896 wide, a one-token step's q and k head norms of 256 in one launch, the 640-wide norm
     before them), the tree's top levels by every warp from the subtrees in shared memory; the
-    threads resumed in both orders (its one barrier a norm), the same bits, and rms_norm_f32
-    not launched but for rows wider than a block (the chained norms of 1,152). (Its sums and
-    chained norms: test_cuda_norm_kernels_emulated.py and the tiny Gemma 3 models.)"""
-    launched = _judge_with(case, monkeypatch, reverse=reverse, NORM_SLOTS=True)
+    same bits, and rms_norm_f32 not launched but for rows wider than a block (the chained norms
+    of 1,152). (Its sums and chained norms, and its threads resumed in both orders:
+    test_cuda_norm_kernels_emulated.py; the tiny Gemma 3 models.)"""
+    launched = _judge_with(case, monkeypatch, NORM_SLOTS=True)
     slots = {block for name, block in launched if name.startswith("rms_norm_slots<")}
     wide = "-1152x" in case
     assert bool(slots) != wide and slots <= {256, 576, 640, 896}, launched
@@ -340,19 +339,19 @@ def test_decode_norms_a_slot_a_thread_are_bit_exact_in_the_emulator(case, revers
         assert 256 in slots, launched
 
 
-@pytest.mark.parametrize("one", [False, True])
 @pytest.mark.parametrize("case", [c for c in CASES if c.startswith("fusion-ffn-")
                                   and not c.endswith(PREFILL) and c not in SLOW])  # fmt: skip
-def test_gate_up_tickets_either_way_are_bit_exact_in_the_emulator(case, one, monkeypatch):
-    """ONE_FENCE (on): gate/up's tickets (gemv_q_q8, the last block of a 32-row group quantizes
-    it) taken with one fence a block, or (off) a fence a thread; the same bits, the tickets
-    zero again (the kit's sentinel checks). (The emulator runs blocks one after another: the
-    fences' order is a GPU's to check.)"""
+def test_gate_up_tickets_a_fence_a_thread_are_bit_exact_in_the_emulator(case, monkeypatch):
+    """ONE_FENCE off: gate/up's tickets (gemv_q_q8, the last block of a 32-row group quantizes
+    it) taken after a fence a thread, the form before ONE_FENCE (on: one fence a block, the
+    conformance cases above); the same bits, the tickets zero again (the kit's sentinel
+    checks). (The emulator runs blocks one after another: the fences' order is a GPU's to
+    check.)"""
     from parity.backends.cuda.lowering import EPI_ONE_FENCE
 
-    launched = [n for n, _ in _judge_with(case, monkeypatch, ONE_FENCE=one)]
+    launched = [n for n, _ in _judge_with(case, monkeypatch, ONE_FENCE=False)]
     q8 = [n for n in launched if n.startswith("gemv_q_q8<")]
-    assert q8 and all(bool(int(n.split(", ")[2]) & EPI_ONE_FENCE) == one for n in q8), launched
+    assert q8 and not any(int(n.split(", ")[2]) & EPI_ONE_FENCE for n in q8), launched
 
 
 PREFILL_NORMS = [c for c in NORMS if c.endswith(PREFILL)]
@@ -525,15 +524,14 @@ def test_norms_made_by_their_products_are_bit_exact_in_the_emulator(arch, monkey
     assert len(rows) == 2, launched  # (WPR: o's 1, down's 2 or 4)
 
 
-@pytest.mark.parametrize("arch, slots", [("llama", False), ("qwen2", False), ("llama", True),
-                                         ("gemma3", True)])  # fmt: skip
-def test_loads_before_the_wait_are_bit_exact_in_the_emulator(arch, slots, monkeypatch) -> None:
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_loads_before_the_wait_are_bit_exact_in_the_emulator(arch, monkeypatch) -> None:
     """EARLY_LOADS with PDL on: a 3-token prompt and two decode steps whose attention_chunks
     load their K rows and V values before the wait (and row p after it), whose q/k/v
     launches load their rotations' positions, cos and sin before it (neox pairs for qwen2,
-    adjacent ones for llama), and whose o and down products load their residuals before it;
-    with ``slots`` (NORM_SLOTS) the norms' weights too, and Gemma 3's chained norms their
-    residual; every node bit-identical to the oracle's. (The emulator runs
+    adjacent ones for llama), whose o and down products load their residuals before it, and
+    whose norms (rms_norm_slots) their weights, Gemma 3's chained norms their residual too;
+    every node bit-identical to the oracle's. (The emulator runs
     launches one after another: the kernels' paths and the lowering's choice are checked
     here; row p's reload, and attention_sums past 512 positions, in test_cuda_kernels_emulated
     with late writes.)"""
@@ -559,7 +557,6 @@ def test_loads_before_the_wait_are_bit_exact_in_the_emulator(arch, slots, monkey
 
     monkeypatch.setattr(EmulatedDriver, "launch", counted)
     monkeypatch.setattr(lowering, "EARLY_LOADS", True)
-    monkeypatch.setattr(lowering, "NORM_SLOTS", slots)
     heads = WIDE if arch == "gemma3" else {}
     spec, weights = synthetic_model(tiny_spec(arch, n_ctx_train=1024, **heads), seed=9)
     report = compare_steps(arch, spec, weights, [3, 141, 59], 3,
@@ -570,7 +567,7 @@ def test_loads_before_the_wait_are_bit_exact_in_the_emulator(arch, slots, monkey
     if arch == "gemma3":  # (weights, and the chained norms' residuals: 3; its head norms: 1)
         assert norms == {"rms_norm_slots<1>", "rms_norm_slots<3>"}, launched
         return
-    assert norms == ({"rms_norm_slots<1>"} if slots else set()), launched
+    assert norms == {"rms_norm_slots<1>"}, launched
     assert launched["attention_chunks<64, 0, 1, 1, 0, 1>"] > 0, launched  # (the prompt's: not)
     modes = {int(n.rsplit(", ", 1)[1][:-1]) for n in launched if n.startswith("gemv_q_multi<")}
     assert modes and all(m & lowering.ROPE_EARLY for m in modes), launched
