@@ -331,10 +331,14 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
   # decode rows, which rows wider than 1,024 still take, here)
   run conformance_norm_block python3 benchmarks/with_lowering.py NORM_SLOTS=0 -- -m parity \
     conformance cuda -k fusion -k norm &
+  # (nineteenth session: a one-token gate/up a block a 32-row group, GROUP_Q8, with Gemma 3's
+  # GEGLU in the product)
+  run conformance_group python3 benchmarks/with_lowering.py GROUP_Q8=1 GLU_IN_PRODUCT=1 -- -m \
+    parity conformance cuda -k fusion -k matmul_swiglu &
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
          conformance_fast_attention1 conformance_fast_attention2 conformance_fast_gemm
          conformance_fast_gemm_half conformance_fast_glu1 conformance_norm_in conformance_early
-         conformance_norm_block)
+         conformance_norm_block conformance_group)
   # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
   if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
     files+=(conformance_triton)

@@ -143,7 +143,7 @@ PREFILL_SWITCHES = {
 PREFILL_OFF = {"NORM_WARP_WIDTH_MAX": 0, "MMA_QUANTIZE": False, "MMA_GLU": False,
                "MMA_MULTI": False}  # fmt: skip
 DECODE_SWITCHES = ("NORM_AFTER_PRODUCT", "QKV_HEAD_NORMS", "GLU_IN_PRODUCT", "WIDE_GEMV",
-                   "WIDE_FIT_ROW", "ARGMAX_IN_HEAD")  # fmt: skip
+                   "WIDE_FIT_ROW", "ARGMAX_IN_HEAD", "GROUP_Q8")  # fmt: skip
 
 
 @pytest.mark.parametrize("switch, case", [(name, c) for name, (part, _) in SWITCHED.items()
@@ -354,6 +354,21 @@ def test_gate_up_tickets_a_fence_a_thread_are_bit_exact_in_the_emulator(case, mo
     assert q8 and not any(int(n.split(", ")[2]) & EPI_ONE_FENCE for n in q8), launched
 
 
+@pytest.mark.parametrize("case, group", [
+    ("fusion-ffn-Q4_1-576x1024-t1", True), ("fusion-ffn-Q5_0-896x1024-t1", True),
+    ("fusion-geglu-Q8_0-640x512-t1", True), ("matmul_swiglu-Q4_1-1536x576-t1", False),
+    ("fusion-ffn-Q4_K-1536x256-t1", False), ("fusion-ffn-Q4_1-576x1024-t7", False),
+])  # fmt: skip
+def test_gate_up_a_block_a_group_is_bit_exact_in_the_emulator(case, group, monkeypatch):
+    """GROUP_Q8: a one-token gate/up with its GLU's QUANTIZE (Gemma 3's GEGLU in the product:
+    GLU_IN_PRODUCT), rows of one round, a block a 32-row group (gemv_q_q8_group), bit for
+    bit; gemv_q_q8 where it does not apply (rows of two rounds, 7 tokens) or no ticket kernel
+    (a product with no QUANTIZE after it)."""
+    launched = [n for n, _ in _judge_with(case, monkeypatch, GROUP_Q8=True, GLU_IN_PRODUCT=True)]
+    assert any(n.startswith("gemv_q_q8_group<") for n in launched) == group, launched
+    assert any(n.startswith("gemv_q_q8<") for n in launched) == ("-ffn-" in case and not group)
+
+
 PREFILL_NORMS = [c for c in NORMS if c.endswith(PREFILL)]
 
 
@@ -437,11 +452,11 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     decode steps (GEMV, flash decoding; with ``switched`` the decode fusions that wait for a
     GPU's timing: the norms after the o and down products done by those products' last
     blocks, for Gemma 3 the head norms and ROPEs in the q/k/v launch and gate, up and GEGLU
-    as one product, and the output head by gemv_q_wide; the prefill's switches as shipped,
-    all on (``prefill`` "all": its norms a row a warp at every width, gate/up quantizing its
-    output, Gemma 3's GEGLU in its gate/up GEMM, q, k and v as one GEMM launch) or none):
-    every node of every step bit-identical to the cpu oracle's, and the greedy tokens the
-    same. ``heads``: the spec's head shape, if not the tiny one's."""
+    as one product, gate/up a block a 32-row group, and the output head by gemv_q_wide; the
+    prefill's switches as shipped, all on (``prefill`` "all": its norms a row a warp at every
+    width, gate/up quantizing its output, Gemma 3's GEGLU in its gate/up GEMM, q, k and v as
+    one GEMM launch) or none): every node of every step bit-identical to the cpu oracle's,
+    and the greedy tokens the same. ``heads``: the spec's head shape, if not the tiny one's."""
 
     from parity.arch.synthetic import synthetic_model, tiny_spec
     from parity.backends.cpu.backend import CpuBackend
@@ -465,7 +480,7 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     assert report.identical_share == 1.0 and report.tokens_agree == 3
     attention = "attention_tiles" if tiles else "attention_rows_gqa"
     kernels = ["gemm_mma", attention, "gemv_q_multi", "attention_chunks"]
-    kernels += ["gemv_q_norm", "gemv_q_wide"] * switched
+    kernels += ["gemv_q_norm", "gemv_q_wide", "gemv_q_q8_group"] * switched
     kernels += ["gemm_mma_multi"] * (prefill != "none") + ["rms_norm_warps"] * (prefill == "all")
     for kernel in kernels:
         assert launched[kernel] > 0, launched

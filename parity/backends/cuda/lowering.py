@@ -112,6 +112,14 @@ EPI_ONE_FENCE = 32  # ... and gemv_q_q8's tickets taken with one fence a block (
 # identical to cpu; replayed decode step at depth 100, two rounds, ms: SmolLM2 0.627 / 0.626 ->
 # 0.622 / 0.618, Qwen 0.755 / 0.753 -> 0.745 / 0.747 (gate/up 2-3 % less time): on
 ONE_FENCE = True
+# a one-token product with its QUANTIZE (gate/up and their SWIGLU, or GLU_IN_PRODUCT's GEGLU)
+# of rows of one round each, a block a 32-row group (matmul.cu's gemv_q_q8_group): the block
+# quantizes its own rows from shared memory, where gemv_q_q8's last block of each group fences,
+# takes a ticket and reloads the group at L2 first (about half of gate/up's 5.3 us a launch,
+# SmolLM2, PDL off: twice down's time for as many bytes). Until a GPU times it: off
+GROUP_Q8 = False
+GROUP_Q8_RPW = 4  # ... rows a warp: blocks of 32 / 4 = 8 warps
+GROUP_Q8_SHARED = 48 << 10  # ... its copies of the group's rows in static shared memory
 FLOAT_WEIGHTS = (DType.F32, DType.F16, DType.BF16)
 NORM_THREADS = 1024  # norm.cuh's
 # ... and a decode step's norms' where rms_norm_f32 takes them (rows NORM_SLOTS does not: wider
@@ -339,6 +347,20 @@ def lane_loads(nbytes: int) -> int:
     """The 16-byte loads a lane of a warp makes to copy ``nbytes`` from the aligned address at
     or below their first byte (matmul.cu's Stage: at most (nbytes + 30) // 16 loads)."""
     return -(-((nbytes + 30) // 16) // 32)
+
+
+def group_q8_loads(dtype: DType, t: int, k: int, gated: bool) -> tuple[int, int] | None:
+    """With GROUP_Q8, a gemv_q_q8_group launch's (PER, COPY) for a product of ``t`` tokens over
+    K = ``k``: a lane's 16-byte loads of a row, the words of a row's copy in shared memory;
+    None where it does not apply (more tokens, rows of more than one round, copies of 32 rows
+    past GROUP_Q8_SHARED): gemv_q_q8."""
+    if not GROUP_Q8 or t != 1 or next_pow2(k // sub_block(dtype)) > 32:
+        return None
+    nbytes = dtype.nbytes(k)
+    copy = (nbytes + 30) // 16  # (Stage's loads from the aligned address at or below the row)
+    if 32 * (2 if gated else 1) * copy * 16 + 32 * 4 > GROUP_Q8_SHARED:
+        return None
+    return lane_loads(nbytes), copy
 
 
 def gemv_warps_per_row(dtype: DType, k: int) -> int:
@@ -1187,11 +1209,18 @@ class Lowering:
                      and self._written_before_last(res))  # fmt: skip
             flags = epi | (EPI_RES_EARLY if early else 0)
             kind = f"{w.dtype.value}, {tmax}, {flags}, {wpr}"
+            group = None if q8 is None else group_q8_loads(w.dtype, t, k, w2 is not None)
+            if group is not None and n % 32 == 0:  # a block a group of 32 rows: no tickets
+                per, copy = group
+                name = f"gemv_q_q8_group<{w.dtype.value}, {epi}, {GROUP_Q8_RPW}, {per}, {copy}>"
+                self._launch("matmul.cu", name, (n // 32, 1, 1), (32 * 32 // GROUP_Q8_RPW, 1, 1),
+                             [pointer(out), xq, *common, *self._q8_out(q8, glu)])  # fmt: skip
+                return True
             if q8 is not None and n % 32 == 0:
                 fence = EPI_ONE_FENCE if ONE_FENCE else 0
                 kind = f"{w.dtype.value}, {tmax}, {flags | fence}, {wpr}"
                 self._launch("matmul.cu", f"gemv_q_q8<{kind}>", grid, block,
-                             [pointer(out), xq, *common, *self._q8_out(n, q8, glu)])  # fmt: skip
+                             [pointer(out), xq, *common, *self._q8_out(q8, glu, n)])  # fmt: skip
                 return True
             rows = GEMV_WARPS // wpr
             parts = None if res is None or node is None else self._norm_parts_for(node, t, n, rows)
@@ -1256,14 +1285,18 @@ class Lowering:
                      [pointer(out), xq, *common])  # fmt: skip
         return False
 
-    def _q8_out(self, n: int, q8: int, glu: tuple[int, int, int] | None) -> list[Any]:
-        """gemv_q_q8's arguments after the product's: the QUANTIZE's value, a ticket a group of
-        32 rows (scratch, zero), and the gate and up products' values or nulls."""
-        tickets = self.new_scratch(DType.I32, (n // 32,))
-        self.out.scratch.append(tickets)
+    def _q8_out(self, q8: int, glu: tuple[int, int, int] | None, n: int = 0) -> list[Any]:
+        """gemv_q_q8's arguments after the product's: the QUANTIZE's value, with ``n`` rows a
+        ticket a group of 32 (scratch, zero; gemv_q_q8_group takes none), and the gate and up
+        products' values or nulls."""
         oq, od, os_ = self._q8_parts(q8)
+        args = [pointer(oq), pointer(od), pointer(os_)]
+        if n:
+            tickets = self.new_scratch(DType.I32, (n // 32,))
+            self.out.scratch.append(tickets)
+            args.append(pointer(tickets))
         raw = [pointer(None)] * 2 if glu is None else [self._ptr(j) for j in glu[1:]]
-        return [pointer(oq), pointer(od), pointer(os_), pointer(tickets), *raw]
+        return [*args, *raw]
 
     def _normed_x_pending(self, i: int) -> bool:
         pending = self._norm_in.get(i)
@@ -1281,7 +1314,7 @@ class Lowering:
         kind = f"{dtype.value}, {tmax}, {epi}, {wpr}"
         if q8 is not None and n % 32 == 0:
             self._launch("matmul.cu", f"gemv_q_q8_normed<{kind}>", grid, block,
-                         [pointer(out), arg, *common, *self._q8_out(n, q8, glu)],
+                         [pointer(out), arg, *common, *self._q8_out(q8, glu, n)],
                          normed_shared(t, k))  # fmt: skip
             return True
         self._launch("matmul.cu", f"gemv_q_normed<{kind}>", grid, block,

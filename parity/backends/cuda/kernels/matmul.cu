@@ -490,6 +490,84 @@ gemv_q_q8_normed(float* y, NormIn in, const u8* w, const u8* w2, const float* bi
                                        tickets, g_out, u_out, pro);
 }
 
+// One token's gemv_q_q8 of rows of one round each (S <= 32 sub-blocks), a block a 32-row
+// group: the block quantizes its own rows from shared memory once they are in, with no ticket
+// (gemv_q_q8's last block of a group fences, takes an atomic and reloads the group at L2
+// first). Warp w of the 32 / RPW takes rows w, w + 32 / RPW, ...: all its rows' weights are
+// asked for before PDL's wait (PER 16-byte loads a lane) and copied to shared memory at once
+// (COPY words a row), so the rows' leaves, butterflies and epilogues interleave. A row's
+// leaves and butterfly are gemv_q's (one round: lane l holds leaf l), its Q8A block
+// quantize_block's: the same bits.
+template <int QT, int EPI, int RPW, int PER, int COPY>
+__global__ void __launch_bounds__(32 * 32 / RPW)
+gemv_q_q8_group(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
+                int T, int N, int K, i64 row_bytes, i8* oq, float* od, float* os,
+                float* g_out, float* u_out) {
+    constexpr int L = Layout<QT>::L, WARPS = 32 / RPW;
+    constexpr int NM = (EPI & EPI_GATED) ? 2 : 1;
+    static_assert(PER * 32 >= COPY, "a row's copy larger than its loads");
+    __shared__ int4 copies[WARPS][RPW * NM][COPY];
+    __shared__ float group[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int S = K / L, width = next_pow2(S);
+    const u8* mats[2] = {w, w2};
+    Stage<QT, PER> stage[RPW * NM];
+#pragma unroll
+    for (int j = 0; j < RPW; ++j) {
+        const i64 n = (i64)blockIdx.x * 32 + warp + j * WARPS;
+#pragma unroll
+        for (int m = 0; m < NM; ++m) stage[j * NM + m].load(mats[m] + n * row_bytes, 0, S);
+    }  // (weights: no kernel writes them)
+    pdl_begin();
+    const bool leaf = lane < S;
+    int xw[8];
+    float dx = 0.0f, sx = 0.0f;
+    if (leaf) {
+        load_x<L>(x, 0, K, lane, xw);
+        dx = x.d[lane * L / 32];
+        sx = x.s[lane * L / 32];
+    }
+#pragma unroll
+    for (int c = 0; c < RPW * NM; ++c) {
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int k = j * 32 + lane;
+            if (k < COPY) copies[warp][c][k] = stage[c].v[j];
+        }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < RPW; ++j) {
+        const int r = warp + j * WARPS, n = blockIdx.x * 32 + r;
+        float v[NM];
+#pragma unroll
+        for (int m = 0; m < NM; ++m) {
+            const int c = j * NM + m;
+            float term = 0.0f;  // padding leaves: +0.0
+            if (leaf) {
+                int wq[8];
+                float a = 0.0f, mn = 0.0f;
+                load_sub<QT>(reinterpret_cast<const u8*>(copies[warp][c]) + stage[c].offset, lane,
+                             wq, a, mn);
+                term = sub_term<QT>(a, mn, dx, sx, dot_words<L / 4>(wq, xw));
+            }
+            v[m] = warp_tree(term, width);
+        }
+        if (lane == 0) {
+            const float out = epilogue<EPI>(v[0], v[NM - 1], bias, res, 0, n, N);
+            y[n] = out;
+            group[r] = out;
+            if (NM == 2 && g_out != nullptr) {
+                g_out[n] = v[0];
+                u_out[n] = v[NM - 1];
+            }
+        }
+    }
+    __syncthreads();  // the group's outputs, left by each row's lane 0
+    if (warp == 0)
+        quantize_block(group[lane], oq + blockIdx.x * 32, od + blockIdx.x, os + blockIdx.x);
+}
+
 // The same, and the norm that reads the product's output after it (norm.cuh's job: RMS_NORM
 // [MUL], its QUANTIZE, and the ADD and the norm of the sum that may follow, Gemma 3's): the
 // last block to finish (an atomic ticket) norms the T rows, so the norm takes no launch of its
