@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument(
         "--look-ahead-ab",
         action="store_true",
-        help="parity bench's figures with greedy look-ahead on and off, alternated, 3 rounds",
+        help="parity bench's figures with greedy look-ahead 2 deep, 1 deep and off, 3 rounds",
     )
     ap.add_argument(
         "--host-profile",
@@ -288,22 +288,27 @@ def first_step(model, prompt_tokens: int = 512, runs: int = 3) -> None:
 
 def look_ahead_ab(model, rounds: int = 3) -> None:
     """``parity bench``'s decode figures (prompts of 1 and 512 tokens, 128 generated) with the
-    session's look-ahead on and off, alternated in one process; medians over the rounds."""
+    session's look-ahead two steps deep (as shipped), one step deep, and off, alternated in one
+    process; medians over the rounds."""
+    from parity.generation import session
     from parity.measure.bench import bench
 
     keys = ("decode_tok_s", "ttft_ms", "first_step_ms", "step_ms")
+    shipped = session.LOOK_AHEAD
+    depths = (shipped, 1, 0)
     for prompt in (1, 512):
-        runs: dict = {True: [], False: []}
+        runs: dict = {depth: [] for depth in depths}
         for _ in range(rounds):
-            for on in (True, False):
-                model.session.look_ahead = on
-                runs[on].append(bench(model, prompt, 128).to_dict())
-        model.session.look_ahead = True
+            for depth in depths:
+                model.session.look_ahead = depth > 0
+                session.LOOK_AHEAD = max(depth, 1)
+                runs[depth].append(bench(model, prompt, 128).to_dict())
+        model.session.look_ahead, session.LOOK_AHEAD = True, shipped
         print(json.dumps({
             "prompt_tokens": prompt,
-            **{f"look_ahead_{'on' if on else 'off'}": {
+            **{f"look_ahead_{depth}": {
                 k: round(statistics.median(r[k] for r in rs), 3) for k in keys}
-               for on, rs in runs.items()},
+               for depth, rs in runs.items()},
         }))  # fmt: skip
 
 

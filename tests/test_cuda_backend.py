@@ -100,6 +100,32 @@ def test_a_captured_replay_equals_eager(model):
     assert runs[True] == runs[False]
 
 
+def test_greedy_decode_two_steps_ahead_matches_the_oracle(model):
+    """A session's greedy decode keeps two steps queued (two copies of the decode step take
+    turns, each fed by the other on the device, each captured, each waiting for its own work
+    by a CUDA event): the oracle's tokens, and again after a forced token drops the steps
+    started ahead."""
+    from parity.arch.decoder import DecoderGraphs
+    from parity.generation.session import Session
+
+    _, spec, weights = model
+
+    def greedy(backend) -> tuple[Session, list[int]]:
+        session = Session(Runtime([backend], weights), DecoderGraphs(spec), 256)
+        tokens = [session.prefill([5, 9, 13, 2], greedy=True)]
+        for _ in range(40):
+            tokens.append(session.step(tokens[-1], greedy=True))
+        tokens.append(session.step((tokens[-1] + 1) % spec.n_vocab, greedy=True))
+        for _ in range(8):
+            tokens.append(session.step(tokens[-1], greedy=True))
+        return session, tokens
+
+    session, got = greedy(cuda())
+    assert len(session._ahead) == 2
+    assert [step.capture_status for step in session._greedy] == [[""], [""]]
+    assert got == greedy(cpu())[1]
+
+
 def test_ids_out_of_range_are_refused_before_the_gpu_sees_them(model):
     from parity.arch.decoder import DecoderGraphs, graph_inputs
     from parity.arch.params import GraphParams

@@ -203,39 +203,63 @@ def test_sampled_decode_moves_its_token_up_and_its_logits_down(model):
     assert backend.moved() == (4, 4 * spec.n_vocab)  # the id up; the position stays on device
 
 
-def test_downloads_wait_for_one_synchronize_a_step(model):
-    backend = Queued()
+@pytest.mark.parametrize("marks", [True, False])
+def test_downloads_wait_for_one_wait_a_step(model, marks):
+    """A greedy step waits once, for its own work only where the backend has marks (the
+    step queued after it still in flight, its download not landed), else for everything."""
+    backend = Queued(marks=marks)
     session = session_on(backend, model)
     want = session_on(CpuBackend(Device("cpu")), model)
     got = [session.prefill([3, 4], greedy=True)]
     ref = [want.prefill([3, 4], greedy=True)]
-    syncs = backend.syncs
+    syncs, waits = backend.syncs, backend.waits
     for _ in range(5):
         got.append(session.step(got[-1], greedy=True))
         ref.append(want.step(ref[-1], greedy=True))
-    assert got == ref and backend.syncs == syncs + 5  # once per step, and that is enough
+        assert len(backend.pending) == (2 if marks else 1)  # the steps queued ahead
+    assert got == ref
+    assert (backend.waits, backend.syncs) == ((waits + 5, syncs) if marks else (waits, syncs + 5))
 
 
 class Queued(Counting):
-    """Downloads land only when synchronize() runs, as on a CUDA stream; and it says it queues,
-    so greedy sessions start the next step before handing a token back."""
+    """Downloads land only when waited for, as on a CUDA stream; it says it queues, so greedy
+    sessions start the next steps before handing a token back; with ``marks`` a step waits
+    for the downloads queued before its mark (a CUDA event), else synchronize lands all."""
 
     name = "queued"
     queues = True
 
-    def __init__(self):
+    def __init__(self, marks=True):
         super().__init__()
-        self.pending, self.syncs = [], 0
+        self.pending, self.syncs, self.waits, self.landed = [], 0, 0, 0
+        self.marks = marks
 
     def download(self, buffer, out):
         self.down += out.nbytes
         self.pending.append((buffer.copy(), out))
 
+    def _land(self, n):
+        for value, out in self.pending[:n]:
+            out[...] = value
+        del self.pending[:n]
+        self.landed += n
+
     def synchronize(self):
         self.syncs += 1
-        for value, out in self.pending:
-            out[...] = value
-        self.pending.clear()
+        self._land(len(self.pending))
+
+    def new_mark(self):
+        return [0] if self.marks else None  # (the downloads queued before it, ever)
+
+    def place_mark(self, mark):
+        if mark is not None:
+            mark[0] = self.landed + len(self.pending)
+
+    def wait_mark(self, mark):
+        if mark is None:
+            return self.synchronize()
+        self.waits += 1
+        self._land(mark[0] - self.landed)
 
 
 def _greedy(session, prompt, n):
@@ -245,21 +269,24 @@ def _greedy(session, prompt, n):
     return tokens
 
 
-def test_greedy_decode_on_a_queue_starts_each_step_ahead(model):
-    """Where the backend queues, the step after a greedy token is started before the token is
-    handed back (the first one right after the prefill); the tokens are the same."""
+def test_greedy_decode_on_a_queue_keeps_two_steps_ahead(model):
+    """Where the backend queues, the two steps after a greedy token are queued before the
+    token is handed back (the first two right after the prefill), each fed by the one before
+    it on the device, the two decode steps taking turns; the tokens are the same."""
     backend = Queued()
     session = session_on(backend, model)
     want = _greedy(session_on(CpuBackend(Device("cpu")), model), [5, 9, 13, 2], 12)
     first = session.prefill([5, 9, 13, 2], greedy=True)
     executes = backend.executes
-    assert session._ahead is not None  # the first decode step is already queued
+    assert len(session._ahead) == 2  # the first two decode steps are already queued
+    a, b = session._ahead
+    assert a is not b
     got = [first]
-    for _ in range(12):
+    for i in range(12):
         got.append(session.step(got[-1], greedy=True))
-        assert session._ahead is not None
+        assert session._ahead == [(a, b)[(i + 1) % 2], (a, b)[i % 2]]  # taking turns
     assert got == want
-    assert backend.executes == executes + 12  # each step once: the one started ahead is used
+    assert backend.executes == executes + 12  # each step once: those started ahead are used
     backend.moved()
     session.step(got[-1], greedy=True)
     assert backend.moved() == (0, 4)  # fed and positioned on the device, one id read back
@@ -295,16 +322,18 @@ def test_no_step_starts_ahead_past_the_context_or_off_a_queue(model):
     )
     got, want = _greedy(session, [3, 4, 5], 4), _greedy(reference, [3, 4, 5], 4)
     assert got == want and session.n_tokens == 7
-    assert session._ahead is not None  # position 7, the last the context holds
+    assert len(session._ahead) == 1  # position 7, the last the context holds
     got.append(session.step(got[-1], greedy=True))
-    assert session.n_tokens == 8 and session._ahead is None  # no room for another
+    assert session.n_tokens == 8 and not session._ahead  # no room for another
     with pytest.raises(ContextLengthError):
         session.step(got[-1], greedy=True)
-    assert reference._ahead is None  # the cpu backend computes on the spot: nothing ahead
+    want.append(reference.step(want[-1], greedy=True))
+    assert got == want
+    assert not reference._ahead  # the cpu backend computes on the spot: nothing ahead
     off = session_on(Queued(), model)
     off.look_ahead = False
-    _greedy(off, [3, 4, 5], 2)
-    assert off._ahead is None
+    assert _greedy(off, [3, 4, 5], 4) == _greedy(session_on(Queued(), model), [3, 4, 5], 4)
+    assert not off._ahead
 
 
 # -- 2. inputs checked once -----------------------------------------------------------------

@@ -35,9 +35,11 @@ and ``increment`` on one queue (a CUDA stream) and return at once; they must tak
 order called. The runtime calls ``synchronize`` once per step, after the last download and before
 the host reads any result, and before it reads a host array it staged a cross-backend copy in.
 Host arrays handed to ``upload`` are left unchanged until the next ``synchronize``. A backend
-that queues says so (``queues = True``): a session may then start the next greedy decode step
+that queues says so (``queues = True``): a session may then start the next greedy decode steps
 before it waits for the current one (``Step.start`` / ``Step.finish``), so the host's work
-overlaps the device's.
+overlaps the device's. Such a backend may also offer marks (``new_mark``, ``place_mark``,
+``wait_mark``: CUDA events), so that ``Step.finish`` waits for its own step's work and not for
+a step queued after it; without them it synchronizes.
 
 Idempotence: running a split twice on the same inputs gives the same outputs and leaves states
 as one run does (KV_WRITE rewrites the same rows). Capture verification relies on it.
@@ -296,6 +298,26 @@ class Backend:
 
     def synchronize(self) -> None:
         # (optional) wait for queued device work; eager backends have none
+        return None
+
+    def new_mark(self) -> Any:
+        # (optional, a backend that queues) a mark a step places in the queue after its work,
+        # made once per step: ``wait_mark`` then waits for the work queued before
+        # ``place_mark`` and not for what was queued after it (the next greedy decode step),
+        # and the downloads queued before it have landed. Default: none, and waiting
+        # synchronizes
+        return None
+
+    def place_mark(self, mark: Any) -> None:
+        # (optional) put ``mark`` (``new_mark``'s) in the queue, after the work queued so far
+        return None
+
+    def wait_mark(self, mark: Any) -> None:
+        # (optional) wait for the work queued before ``place_mark(mark)``; default: all of it
+        self.synchronize()
+
+    def drop_mark(self, mark: Any) -> None:
+        # (optional) free what ``new_mark`` made (its step is released)
         return None
 
     def capture(self, executable: Executable) -> CaptureResult:

@@ -228,6 +228,8 @@ class Step:
         self.inserted: Mapping[int, np.ndarray] = inserted  # by id in ``rewritten``
         self._downloads = downloads
         self._sync = tuple(dict.fromkeys(s.backend for s in splits))
+        # where this step's work ends in each backend's queue (``finish`` waits there only)
+        self._marks = tuple(backend.new_mark() for backend in self._sync)
         # every backend queues its work: ``start`` returns before the step is done
         self.queues = all(backend.queues for backend in self._sync)
         self._build_feeds()
@@ -393,6 +395,8 @@ class Step:
             fn(*args)
         for _, feed in self._kept:
             feed.high += feed.advance
+        for backend, mark in zip(self._sync, self._marks, strict=True):
+            backend.place_mark(mark)
         self.in_flight = True
 
     def finish(self) -> None:
@@ -401,8 +405,8 @@ class Step:
         if not self.in_flight:
             return
         self.in_flight = False
-        for backend in self._sync:
-            backend.synchronize()
+        for backend, mark in zip(self._sync, self._marks, strict=True):
+            backend.wait_mark(mark)
 
     def _upload_kept(self, name: str, feed: _Feed) -> None:
         for backend, slot in self._input_slots[name]:
@@ -506,6 +510,8 @@ class Step:
                 if exe is not split.eager:
                     split.backend.release(exe)
             split.backend.release(split.eager)
+        for backend, mark in zip(self._sync, self._marks, strict=True):
+            backend.drop_mark(mark)
 
 
 def check_values(name: str, values: np.ndarray, bound: Bound) -> None:
@@ -601,12 +607,15 @@ class Runtime:
         *,
         pin: bool = False,
         inserted: bool = False,
+        copy: int = 0,
     ) -> Step:
         """The prepared step of ``graph`` (with ``expose``d nodes read back too, and with
         ``inserted`` the nodes the rewrite put in: ``Step.inserted``), made once. Steps are kept
         for the ``max_plans`` graphs used last, while another step is fed from them, and for
-        ever when ``pin``ned (the decode steps a session holds on to)."""
-        key = (graph, tuple(expose), inserted)
+        ever when ``pin``ned (the decode steps a session holds on to). ``copy`` > 0: another
+        step of the same graph, on buffers of its own, that may be in flight with the first
+        (a session's greedy decode steps, two queued at once)."""
+        key = (graph, tuple(expose), inserted, copy)
         step = self._pinned.get(key) or self._steps.get(key)
         if step is None:
             step = Step(self, graph, tuple(expose), inserted)
@@ -626,7 +635,7 @@ class Runtime:
 
     def capture_status(self, graph: Graph, expose: Sequence[int] = ()) -> list[str]:
         """Per split of a graph that has a step: "" if captured, else why it runs eagerly."""
-        key = (graph, tuple(expose), False)
+        key = (graph, tuple(expose), False, 0)
         step = self._pinned.get(key) or self._steps.get(key)
         if step is None:
             raise BackendError("this graph has not run on this runtime")

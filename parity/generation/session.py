@@ -11,14 +11,18 @@ device (it advances there after each step) and, in greedy decoding, feeds the to
 step's ARGMAX left on the device straight back in: a greedy decode step reads back one 4-byte id
 and uploads nothing.
 
-On a backend that queues its work (a GPU), greedy decoding looks one step ahead: once a step's
-token is read back, the step for the position after it is started at once, fed that token on
-the device, before the token is handed to the caller. The host's work between tokens (the
-caller's, the sampler's, the next step's own setup) then overlaps the device's, and the first
-decode step starts as soon as the prompt's token is known. When the caller goes another way
-(a different token, logits, a new prompt), the step started ahead is waited for and dropped:
-the KV row it wrote lies past the tokens the cache holds, so nothing reads it, and the next
-step at that position overwrites it.
+On a backend that queues its work (a GPU), greedy decoding keeps LOOK_AHEAD steps queued: the
+step for the position after a token is started before that token is read back, fed on the
+device by the step that computes it, so the device goes from one step to the next without
+waiting for the host. Two prepared steps of the decode graph take turns (each on its own
+buffers, each position kept on the device advancing by two), so one runs while the other's
+token is read; each waits for its own work alone (the backend's marks). The host's work between
+tokens (the caller's, the sampler's, the next step's setup) overlaps the device's, and the
+first decode steps start as soon as the prompt's token is known. When the caller goes another
+way (a different token, logits, a new prompt, or the end of the generation: an end-of-
+generation token is seen one step late), the steps started ahead are waited for and dropped:
+the KV rows they wrote lie past the tokens the cache holds, so nothing reads them, and the next
+steps at those positions overwrite them.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from parity.core.runtime import Runtime, Step
 from parity.errors import ContextLengthError, InputError
 
 DEFAULT_BATCH = 512  # prefill tokens per graph
+LOOK_AHEAD = 2  # greedy decode steps queued at once where the backends queue (two take turns)
 INT32 = (-(2**31), 2**31 - 1)
 
 
@@ -80,16 +85,26 @@ class Session:
         self.n_tokens = 0  # positions the cache holds
         self.reused = 0  # prompt tokens the last prefill took from the cache
         self.decode_graphs = {g: graphs(self._graph_params(1, 1, g)) for g in (False, True)}
-        self._decode = {g: runtime.step(graph, pin=True) for g, graph in self.decode_graphs.items()}
-        self._next_position = {False: -1, True: -1}  # what each decode step keeps on the device
-        self._fed_from: dict[bool, Step | None] = {False: None, True: None}
         self._last_step: Step | None = None  # the greedy step whose ARGMAX is on the device
         self._last_token = -1  # and that ARGMAX, as read back
         self.look_ahead = look_ahead
-        # the greedy decode step started ahead (in flight), its position and the token it was
-        # fed on the device (plain fields: a step allocates nothing)
-        self._ahead: Step | None = None
-        self._ahead_position = self._ahead_token = -1
+        # the greedy decode steps started ahead (in flight), oldest first: ahead[i] at position
+        # n_tokens + i, ahead[0] fed ``_last_token`` on the device by ``_last_step``, each
+        # later one by the one before it (a list of at most LOOK_AHEAD: no allocation a step)
+        self._ahead: list[Step] = []
+        self._make_steps()
+
+    def _make_steps(self) -> None:
+        """The decode steps (a second greedy one where the backends queue: they take turns),
+        what each keeps on the device, and who feeds it."""
+        rt, graph = self.runtime, self.decode_graphs[True]
+        self._decode = {g: rt.step(graph, pin=True) for g, graph in self.decode_graphs.items()}
+        first = self._decode[True]
+        self._greedy = (first, rt.step(graph, pin=True, copy=1)) if first.queues else (first,)
+        steps = (self._decode[False], *self._greedy)
+        self._next_position = dict.fromkeys(steps, -1)  # what each keeps on the device
+        self._advance = dict.fromkeys(steps, 0)  # ... and how far it moves a run
+        self._fed_from: dict[Step, Step | None] = dict.fromkeys(steps)
 
     @property
     def tokens(self) -> np.ndarray:
@@ -103,12 +118,12 @@ class Session:
         self._last_step = None
 
     def _settle(self) -> None:
-        """Wait for a step started ahead and drop it: the caller went another way."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is None:
+        """Wait for the steps started ahead and drop them: the caller went another way."""
+        if not self._ahead:
             return
-        ahead.finish()
-        self._last_step = None  # the ARGMAX on the device is the dropped step's
+        while self._ahead:
+            self._ahead.pop().finish()
+        self._last_step = None  # the ARGMAX on the device may be a dropped step's
 
     def _append(self, ids: np.ndarray | int) -> None:
         if isinstance(ids, int | np.integer):  # one decode token
@@ -141,12 +156,11 @@ class Session:
 
     def _run(self, tokens: np.ndarray, start: int, n_out: int, greedy: bool) -> Step:
         step = self.runtime.step(self.graphs(self._graph_params(len(tokens), n_out, greedy)))
-        for mode, decode in self._decode.items():
-            if step is decode:  # a one-token prefill is a decode graph: feed it from the host
-                step.feed_host("tokens")
-                step.feed_host("positions")
-                self._fed_from[mode] = None
-                self._next_position[mode] = -1
+        if step in self._fed_from:  # a one-token prefill is a decode graph: feed it from the host
+            step.feed_host("tokens")
+            step.feed_host("positions")
+            self._fed_from[step] = None
+            self._next_position[step] = -1
         step.inputs["tokens"][...] = tokens
         step.inputs["positions"][...] = np.arange(start, start + len(tokens), dtype=np.int32)
         step.run(capture=self.capture_prefill)
@@ -177,7 +191,7 @@ class Session:
             return out[0]
         token = int(out[0])
         self._last_step, self._last_token = step, token
-        self._start_ahead(token)
+        self._start_ahead()
         return token
 
     def step(self, token: int, *, greedy: bool) -> np.ndarray | int:
@@ -186,21 +200,18 @@ class Session:
         step is fed to the next one on the device; only the new id is read back."""
         pos = self.n_tokens
         self.check_fits(pos + 1, "the sequence")
-        step = self._ahead
-        if (
-            step is not None
-            and greedy
-            and self._ahead_position == pos
-            and self._ahead_token == token
-            and not step.released
-        ):
-            self._ahead = None  # started when ``token`` was read back
+        ahead = self._ahead
+        if greedy and ahead and self._last_token == token and not ahead[0].released:
+            step = ahead.pop(0)  # started ahead, fed ``token`` on the device
         else:
             self._settle()
             step = self._decode[greedy]
             if step.released:  # the runtime cleared its states: its steps are new ones now
-                step = self._renew(greedy)
-            self._start(step, token, greedy)
+                self._make_steps()
+                self._last_step = None
+                step = self._decode[greedy]
+            source = self._last_step if greedy and self._last_token == token else None
+            self._start(step, pos, token, source)
         step.finish()
         self._append(token)
         out = step.outputs[step.graph.outputs[0]]
@@ -208,50 +219,51 @@ class Session:
             self._last_step = None
             return out[0]
         self._last_step, self._last_token = step, out.item(0)  # (no numpy scalar on the way)
-        self._start_ahead(self._last_token)
+        self._start_ahead()
         return self._last_token
 
-    def _start(self, step: Step, token: int, greedy: bool) -> None:
-        """Feed a decode step ``token`` at the next position and start it."""
-        pos = self.n_tokens
-        source = self._last_step
-        if greedy and source is not None and self._last_token == token:
-            if self._fed_from[greedy] is not source:
+    def _start(self, step: Step, pos: int, token: int, source: Step | None) -> None:
+        """Start decode ``step`` at position ``pos``, fed the ARGMAX ``source`` left on the
+        device, or without a source ``token`` from the host."""
+        if source is not None:
+            if self._fed_from[step] is not source:
                 step.feed("tokens", source)
-                self._fed_from[greedy] = source
+                self._fed_from[step] = source
         else:
-            if self._fed_from[greedy] is not None:
+            if self._fed_from[step] is not None:
                 step.feed_host("tokens")
-                self._fed_from[greedy] = None
+                self._fed_from[step] = None
             if not INT32[0] <= token <= INT32[1]:  # (the runtime checks the vocabulary)
                 raise InputError(f"token id {token} is outside the vocabulary of {self.n_vocab}")
             step.inputs["tokens"][0] = token
-        if self._next_position[greedy] != pos:  # the device holds another position: set it
-            step.inputs["positions"][0] = pos
-            step.keep("positions", advance=1)
+        # (the greedy steps take turns where they look ahead: each position advances by two)
+        advance = len(self._greedy) if self.look_ahead and step in self._greedy else 1
+        if self._next_position[step] != pos or self._advance[step] != advance:
+            step.inputs["positions"][0] = pos  # the device holds another position: set it
+            step.keep("positions", advance=advance)
+            self._advance[step] = advance
         step.start()
-        self._next_position[greedy] = pos + 1
+        self._next_position[step] = pos + advance
 
-    def _start_ahead(self, token: int) -> None:
-        """Start the greedy decode step that ``token`` (just read back from the device) feeds,
-        where the backends queue and the context has room."""
-        step = self._decode[True]
-        if not self.look_ahead or self.n_tokens >= self.n_ctx or step.released:
+    def _start_ahead(self) -> None:
+        """Queue greedy decode steps until LOOK_AHEAD are in flight, where the backends queue
+        and the context has room: the first fed ``_last_token`` (just read back) by
+        ``_last_step`` on the device, each later one by the one before it. The two decode
+        steps take turns: a step is never started while it is in flight or feeds the next."""
+        if not self.look_ahead or len(self._greedy) < 2:
             return
-        if not step.queues:
-            return
-        self._start(step, token, True)
-        self._ahead, self._ahead_position, self._ahead_token = step, self.n_tokens, token
-
-    def _renew(self, greedy: bool) -> Step:
-        self._settle()
-        self._decode = {
-            g: self.runtime.step(graph, pin=True) for g, graph in self.decode_graphs.items()
-        }
-        self._next_position = {False: -1, True: -1}
-        self._fed_from = {False: None, True: None}
-        self._last_step = None
-        return self._decode[greedy]
+        ahead = self._ahead
+        while len(ahead) < LOOK_AHEAD:
+            pos = self.n_tokens + len(ahead)
+            source = ahead[-1] if ahead else self._last_step
+            if pos >= self.n_ctx or source is None:
+                return
+            first, second = self._greedy
+            step = second if first is source or first in ahead else first
+            if step.released:
+                return
+            self._start(step, pos, self._last_token, source)
+            ahead.append(step)
 
     def logits(self, tokens: Sequence[int], n_out: int | None = None) -> np.ndarray:
         """Evaluate ``tokens`` from position 0 and return the logits of the last ``n_out``

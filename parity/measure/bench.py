@@ -17,6 +17,7 @@ import attrs
 import numpy as np
 
 from parity.core.runtime import CAPTURE_AFTER_RUNS
+from parity.generation.session import LOOK_AHEAD
 
 if TYPE_CHECKING:
     from parity.model import Model
@@ -56,8 +57,9 @@ def bench(
         gen = model.generate(prompt, max_tokens=n, temperature=0.0, ignore_eos=True).complete()
         return gen.stats.prefill_s, gen.stats.step_s
 
-    # the warm-up decodes past the step that captures and the one that verifies the capture
-    cold_ttft, _ = once(CAPTURE_AFTER_RUNS + 3)
+    # the warm-up decodes past the step that captures and the one that verifies the capture,
+    # of each of the session's greedy decode steps (two take turns where the backend queues)
+    cold_ttft, _ = once(LOOK_AHEAD * (CAPTURE_AFTER_RUNS + 3))
     ttft, steps = once(gen_tokens)
     decode_s = sum(steps)
     return BenchResult(

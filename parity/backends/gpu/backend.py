@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import numpy as np
 
 from parity.core.backend import Backend, Buffer, CaptureResult, Executable
@@ -28,6 +29,14 @@ def view_of(x: Any, node) -> Any:
     if node.op is Op.RESHAPE:
         return x.view(tuple(node.shape))
     return x[node.arg.start : node.arg.start + node.arg.count]
+
+
+@attrs.define(eq=False)
+class _Mark:
+    """A step's place in the stream: its event, and the Q8A downloads queued before it."""
+
+    event: Any
+    queued: int = 0
 
 
 class GpuExecutable(Executable):
@@ -55,6 +64,7 @@ class GpuBackend(Backend):
     def init_memory(self) -> None:
         self._weights: dict[str, Any] = {}
         self._pending: list[tuple[np.ndarray, tuple[np.ndarray, ...]]] = []
+        self._queued = self._landed = 0  # Q8A downloads ever queued, and ever interleaved
 
     # -- weights and buffers -----------------------------------------------------------------
 
@@ -116,16 +126,39 @@ class GpuBackend(Backend):
             )
             for p, host in zip((buffer.q, buffer.d, buffer.s), parts, strict=True):
                 self.rt.download(p, host)
-            self._pending.append((out, parts))  # interleaved into ``out`` at synchronize
+            self._pending.append((out, parts))  # interleaved into ``out`` once waited for
+            self._queued += 1
             return
         self.rt.download(buffer, out)
 
     def synchronize(self) -> None:
         self.rt.synchronize()
-        pending, self._pending = self._pending, []
-        for out, (q, d, s) in pending:
+        self._land(self._queued)
+
+    def new_mark(self) -> _Mark:
+        return _Mark(self.rt.event())
+
+    def place_mark(self, mark: _Mark) -> None:
+        self.rt.record(mark.event)
+        mark.queued = self._queued
+
+    def wait_mark(self, mark: _Mark) -> None:
+        self.rt.wait(mark.event)
+        self._land(mark.queued)
+
+    def drop_mark(self, mark: _Mark) -> None:
+        self.rt.destroy(mark.event)
+
+    def _land(self, upto: int) -> None:
+        """Interleave the Q8A downloads queued before the first ``upto`` into their arrays."""
+        n = upto - self._landed
+        if n <= 0:
+            return
+        for out, (q, d, s) in self._pending[:n]:
             out["q"] = q.reshape(out["q"].shape)
             out["d"], out["s"] = d, s
+        del self._pending[:n]
+        self._landed = upto
 
     def copy_from(self, dst: Buffer, src: Buffer, source: Backend) -> bool:
         from parity.backends.gpu.runtime import Q8Value

@@ -25,6 +25,7 @@ import attrs
 from parity.errors import BackendError
 
 _FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
 _LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # (cuda.h's CUlaunchAttributeID)
 PDL_ENV = "PARITY_PDL"
 
@@ -92,6 +93,12 @@ class Driver:
         self._copies = {kind: fn for kind, (fn, _) in copies.items()}
         lib.cuGraphLaunch.argtypes, lib.cuGraphLaunch.restype = [vp, vp], i
         self._graph_launch = lib.cuGraphLaunch
+        lib.cuEventCreate.argtypes = [ctypes.POINTER(vp), u]
+        lib.cuEventRecord.argtypes, lib.cuEventRecord.restype = [vp, vp], i
+        lib.cuEventSynchronize.argtypes, lib.cuEventSynchronize.restype = [vp], i
+        lib.cuEventDestroy_v2.argtypes = [vp]
+        self._event_record = lib.cuEventRecord
+        self._event_synchronize = lib.cuEventSynchronize
 
     def make_current(self) -> None:
         self.check(self.lib.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
@@ -162,6 +169,30 @@ class Driver:
             result = self._copies[kind](dst, src, nbytes, stream)
             if result:
                 self.check(result, f"a {nbytes}-byte {kind} copy")
+
+    def event(self) -> ctypes.c_void_p:
+        """A new CUDA event that records no time (cheaper to record and wait on)."""
+        event = ctypes.c_void_p()
+        self.make_current()
+        self.check(
+            self.lib.cuEventCreate(ctypes.byref(event), _EVENT_DISABLE_TIMING), "cuEventCreate"
+        )
+        return event
+
+    def record(self, event: ctypes.c_void_p, stream: int) -> None:
+        """Queue ``event`` on ``stream``, after the work queued so far."""
+        result = self._event_record(event, stream)
+        if result:
+            self.check(result, "cuEventRecord")
+
+    def wait(self, event: ctypes.c_void_p) -> None:
+        """Wait for the work queued before ``event`` was last recorded."""
+        result = self._event_synchronize(event)
+        if result:
+            self.check(result, "waiting for the GPU (cuEventSynchronize)")
+
+    def destroy(self, event: ctypes.c_void_p) -> None:
+        self.lib.cuEventDestroy_v2(event)
 
     def launch_graph(self, graph_exec: int, stream: int) -> None:
         """Queue a replay of an instantiated CUDA graph on ``stream``."""

@@ -99,6 +99,18 @@ class HostRuntime:
     def synchronize(self) -> None:
         return None
 
+    def event(self) -> None:  # (every call is done when it returns: nothing to wait for)
+        return None
+
+    def record(self, event: None) -> None:
+        return None
+
+    def wait(self, event: None) -> None:
+        return None
+
+    def destroy(self, event: None) -> None:
+        return None
+
     def _view(self, tensor: Any, nbytes: int | None = None, what: str = "copy") -> np.ndarray:
         """The tensor's bytes as a flat numpy view (no copy), checked against ``nbytes``."""
         size = tensor.numel() * tensor.element_size()

@@ -207,6 +207,20 @@ class GpuRuntime:
     def synchronize(self) -> None:
         self.stream.synchronize()
 
+    def event(self) -> Any:
+        """A CUDA event for ``record`` and ``wait`` (a step's mark in the stream)."""
+        return self.driver.event()
+
+    def record(self, event: Any) -> None:
+        self.driver.record(event, self.handle)
+
+    def wait(self, event: Any) -> None:
+        """Wait for what the stream held when ``event`` was recorded, not what came after."""
+        self.driver.wait(event)
+
+    def destroy(self, event: Any) -> None:
+        self.driver.destroy(event)
+
     # -- graphs --------------------------------------------------------------------------------
 
     def capture(self, record: Callable[[], None]) -> Any:
