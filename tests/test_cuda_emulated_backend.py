@@ -124,7 +124,7 @@ def test_conformance_case_is_bit_exact_in_the_emulator(case) -> None:
 SWITCHED = {
     "NORM_AFTER_PRODUCT": ("-norm-", "gemv_q_norm<"),
     "QKV_HEAD_NORMS": ("head-norms", ", 6>"),  # (gemv_q_multi's ROPE mode: neox + HEAD_NORM)
-    "GLU_IN_PRODUCT": ("fusion-geglu-", "gemv_q_q8<"),
+    "GLU_IN_PRODUCT": ("fusion-geglu-", "gemv_q_q8"),  # (one token: gemv_q_q8_group)
     "WIDE_GEMV": ("-wide-", "gemv_q_wide<"),
     "WIDE_FIT_ROW": ("-wide-", ", 3, 1, 0>"),  # (gemv_q_wide's PER: rows of 256, one load)
     "ARGMAX_IN_HEAD": ("head-argmax", ", 1>"),
@@ -343,13 +343,14 @@ def test_decode_norms_a_slot_a_thread_are_bit_exact_in_the_emulator(case, monkey
                                   and not c.endswith(PREFILL) and c not in SLOW])  # fmt: skip
 def test_gate_up_tickets_a_fence_a_thread_are_bit_exact_in_the_emulator(case, monkeypatch):
     """ONE_FENCE off: gate/up's tickets (gemv_q_q8, the last block of a 32-row group quantizes
-    it) taken after a fence a thread, the form before ONE_FENCE (on: one fence a block, the
-    conformance cases above); the same bits, the tickets zero again (the kit's sentinel
+    it; one token's takes gemv_q_q8_group, GROUP_Q8, unless it is off) taken after a fence a
+    thread, the form before ONE_FENCE (on: one fence a block, the conformance cases of several
+    tokens above); the same bits, the tickets zero again (the kit's sentinel
     checks). (The emulator runs blocks one after another: the fences' order is a GPU's to
     check.)"""
     from parity.backends.cuda.lowering import EPI_ONE_FENCE
 
-    launched = [n for n, _ in _judge_with(case, monkeypatch, ONE_FENCE=False)]
+    launched = [n for n, _ in _judge_with(case, monkeypatch, ONE_FENCE=False, GROUP_Q8=False)]
     q8 = [n for n in launched if n.startswith("gemv_q_q8<")]
     assert q8 and not any(int(n.split(", ")[2]) & EPI_ONE_FENCE for n in q8), launched
 

@@ -134,9 +134,10 @@ KERNELS = [
     ("matmul.cu", "gemv_q_multi<3, 3, 8, 0, 2, 0>"),
     ("matmul.cu", "gemv_q_q8<12, 1, 4, 1>"),
     ("matmul.cu", "gemv_q_q8<3, 1, 36, 1>"),  # (... ONE_FENCE)
-    ("matmul.cu", "gemv_q_q8_group<3, 4, 4, 1, 24>"),  # (... GROUP_Q8: SmolLM2, Qwen, Gemma 3)
-    ("matmul.cu", "gemv_q_q8_group<6, 4, 4, 2, 40>"),
-    ("matmul.cu", "gemv_q_q8_group<6, 8, 4, 1, 29>"),
+    ("matmul.cu", "gemv_q_q8_group<3, 4, 2, 1, 24>"),  # (... GROUP_Q8: SmolLM2, Qwen, Gemma 3)
+    ("matmul.cu", "gemv_q_q8_group<6, 4, 2, 2, 40>"),
+    ("matmul.cu", "gemv_q_q8_group<6, 8, 2, 1, 29>"),
+    ("matmul.cu", "gemv_q_q8_group<6, 4, 1, 2, 40>"),  # (... GROUP_Q8_RPW = 1)
     ("matmul.cu", "gemv_q_norm<3, 1, 2, 1>"),
     ("matmul.cu", "gemv_q_norm<12, 8, 0, 4>"),
     ("matmul.cu", "gemv_q_q8<8, 1, 8, 1>"),
@@ -768,7 +769,8 @@ def test_gemma3_decode_step_with_every_decode_switch_takes_five_launches_a_layer
     assert len(names) == 5 * spec.n_layer + sums + 5, names[:14]
     assert sum(n.endswith(", 6>") and n.startswith("gemv_q_multi") for n in names) == spec.n_layer
     geglu = [n for n in names if n.startswith("gemv_q_q8<") and int(n.split(", ")[2]) & 8]
-    assert len(geglu) == spec.n_layer, names  # (EPI_GEGLU among its flags)
+    geglu += [n for n in names if n.startswith("gemv_q_q8_group<") and n.split(", ")[1] == "8"]
+    assert len(geglu) == spec.n_layer, names  # (EPI_GEGLU among its flags; one token: GROUP_Q8)
     assert sum(n.startswith(("rms_norm_f32", "rms_norm_slots")) for n in names) == 1 + (tokens > 1)
     assert not any(n.startswith(("rope_f32", "glu_f32")) for n in names)
     multi = [launch for _, (launch, *_) in lowered.launches

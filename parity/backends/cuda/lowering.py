@@ -115,10 +115,14 @@ ONE_FENCE = True
 # a one-token product with its QUANTIZE (gate/up and their SWIGLU, or GLU_IN_PRODUCT's GEGLU)
 # of rows of one round each, a block a 32-row group (matmul.cu's gemv_q_q8_group): the block
 # quantizes its own rows from shared memory, where gemv_q_q8's last block of each group fences,
-# takes a ticket and reloads the group at L2 first (about half of gate/up's 5.3 us a launch,
-# SmolLM2, PDL off: twice down's time for as many bytes). Until a GPU times it: off
-GROUP_Q8 = False
-GROUP_Q8_RPW = 4  # ... rows a warp: blocks of 32 / 4 = 8 warps
+# takes a ticket and reloads the group at L2 first (gate/up took 5.3 us a launch, SmolLM2, PDL
+# off: twice down's time for as many bytes). Bit-exact (emulator; H100: the kit's FFN and
+# SWIGLU cases, the gpu tests). H100, nineteenth session, replayed decode step at depth 100,
+# two rounds, ms: SmolLM2 0.624 / 0.618 -> 0.594 / 0.594 at 2 rows a warp (0.627 / 0.629 at
+# 4), Qwen 0.748 / 0.744 -> 0.702 / 0.710 (0.713 / 0.715 at 4); Gemma 3 with GLU_IN_PRODUCT
+# 0.626 / 0.623 -> 0.632 / 0.632 (docs/perf.md): on
+GROUP_Q8 = True
+GROUP_Q8_RPW = 2  # ... rows a warp: blocks of 32 / 2 = 16 warps
 GROUP_Q8_SHARED = 48 << 10  # ... its copies of the group's rows in static shared memory
 FLOAT_WEIGHTS = (DType.F32, DType.F16, DType.BF16)
 NORM_THREADS = 1024  # norm.cuh's
