@@ -295,15 +295,17 @@ def look_ahead_ab(model, rounds: int = 3) -> None:
 
     keys = ("decode_tok_s", "ttft_ms", "first_step_ms", "step_ms")
     shipped = session.LOOK_AHEAD
-    depths = (shipped, 1, 0)
+    depths = (shipped, 1, 0)  # (the session queues at most its two copies)
     for prompt in (1, 512):
         runs: dict = {depth: [] for depth in depths}
-        for _ in range(rounds):
-            for depth in depths:
-                model.session.look_ahead = depth > 0
-                session.LOOK_AHEAD = max(depth, 1)
-                runs[depth].append(bench(model, prompt, 128).to_dict())
-        model.session.look_ahead, session.LOOK_AHEAD = True, shipped
+        try:
+            for _ in range(rounds):
+                for depth in depths:
+                    model.session.look_ahead = depth > 0
+                    session.LOOK_AHEAD = max(depth, 1)
+                    runs[depth].append(bench(model, prompt, 128).to_dict())
+        finally:
+            model.session.look_ahead, session.LOOK_AHEAD = True, shipped
         print(json.dumps({
             "prompt_tokens": prompt,
             **{f"look_ahead_{depth}": {

@@ -109,12 +109,25 @@ def test_greedy_decode_two_steps_ahead_matches_the_oracle(model):
     from parity.generation.session import Session
 
     _, spec, weights = model
+    syncs = {"steps 20-39": 0}
+
+    def counted(sync):
+        def synchronize() -> None:
+            syncs["steps 20-39"] += 1
+            sync()
+
+        return synchronize
 
     def greedy(backend) -> tuple[Session, list[int]]:
         session = Session(Runtime([backend], weights), DecoderGraphs(spec), 256)
         tokens = [session.prefill([5, 9, 13, 2], greedy=True)]
-        for _ in range(40):
+        for i in range(40):
+            if i == 20 and hasattr(backend, "rt"):  # (both copies captured and checked)
+                sync = backend.rt.synchronize
+                backend.rt.synchronize = counted(sync)
             tokens.append(session.step(tokens[-1], greedy=True))
+        if hasattr(backend, "rt"):
+            backend.rt.synchronize = sync
         tokens.append(session.step((tokens[-1] + 1) % spec.n_vocab, greedy=True))
         for _ in range(8):
             tokens.append(session.step(tokens[-1], greedy=True))
@@ -122,7 +135,8 @@ def test_greedy_decode_two_steps_ahead_matches_the_oracle(model):
 
     session, got = greedy(cuda())
     assert len(session._ahead) == 2
-    assert [step.capture_status for step in session._greedy] == [[""], [""]]
+    assert [step.capture_status for step in session.greedy_steps] == [[""], [""]]
+    assert syncs == {"steps 20-39": 0}, "a step waited for the whole stream, not its event"
     assert got == greedy(cpu())[1]
 
 

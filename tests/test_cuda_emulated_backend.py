@@ -15,7 +15,9 @@ from functools import partial
 import pytest
 from cuda_emulator import compiler
 
-from parity.conformance.suite import op_suite
+from parity.conformance.suite import CaseSpec, op_suite
+from parity.core.dtypes import DType
+from parity.core.ir import Op
 
 pytestmark = [
     pytest.mark.skipif(compiler() is None, reason="no C++ compiler for the CUDA C emulator"),
@@ -78,16 +80,16 @@ def _count_launches(monkeypatch) -> Counter[str]:
 
 
 def _judge_with(
-    case: str,
+    case: str | CaseSpec,
     monkeypatch,
     numerics: str = "exact",
     verdict: str = "exact",
     reverse: bool = False,
     **switches,
 ) -> list[tuple[str, int]]:
-    """Case ``case`` judged in ``numerics`` (bit-exact, or the ``verdict`` given) with the
-    lowering's ``switches`` set (``reverse``: the emulator's threads in reverse order); the
-    kernels it launched (name, threads a block)."""
+    """Case ``case`` (the kit's id, or a spec of its own) judged in ``numerics`` (bit-exact,
+    or the ``verdict`` given) with the lowering's ``switches`` set (``reverse``: the emulator's
+    threads in reverse order); the kernels it launched (name, threads a block)."""
     from cuda_emulator.backend import EmulatedDriver
 
     from parity.backends.cuda import lowering
@@ -103,7 +105,8 @@ def _judge_with(
         launch(self, made, stream)
 
     monkeypatch.setattr(EmulatedDriver, "launch", recorded)
-    result = judge(partial(_backend, reverse, numerics), CASES[case].build())
+    spec = CASES[case] if isinstance(case, str) else case
+    result = judge(partial(_backend, reverse, numerics), spec.build())
     assert result.verdict == verdict, result.explain()
     return launched
 
@@ -124,7 +127,7 @@ def test_conformance_case_is_bit_exact_in_the_emulator(case) -> None:
 SWITCHED = {
     "NORM_AFTER_PRODUCT": ("-norm-", "gemv_q_norm<"),
     "QKV_HEAD_NORMS": ("head-norms", ", 6>"),  # (gemv_q_multi's ROPE mode: neox + HEAD_NORM)
-    "GLU_IN_PRODUCT": ("fusion-geglu-", "gemv_q_q8"),  # (one token: gemv_q_q8_group)
+    "GLU_IN_PRODUCT": ("fusion-geglu-", ("gemv_q_q8<", "gemv_q_q8_group<")),  # (one token)
     "WIDE_GEMV": ("-wide-", "gemv_q_wide<"),
     "WIDE_FIT_ROW": ("-wide-", ", 3, 1, 0>"),  # (gemv_q_wide's PER: rows of 256, one load)
     "ARGMAX_IN_HEAD": ("head-argmax", ", 1>"),
@@ -157,7 +160,8 @@ def test_switched_fusions_are_bit_exact_in_the_emulator(switch, case, monkeypatc
     warps, each taking many rows."""
     launched = [name for name, _ in _judge_with(case, monkeypatch, **{switch: True})]
     kernel = SWITCHED[switch][1]
-    assert any(kernel in name for name in launched), launched
+    hit = (lambda n: n.startswith(kernel)) if isinstance(kernel, tuple) else (lambda n: kernel in n)
+    assert any(hit(name) for name in launched), launched
     alone = {
         "NORM_AFTER_PRODUCT": ("rms_norm_f32", "rms_norm_slots"),
         "QKV_HEAD_NORMS": "rope_f32<1>",
@@ -355,19 +359,30 @@ def test_gate_up_tickets_a_fence_a_thread_are_bit_exact_in_the_emulator(case, mo
     assert q8 and not any(int(n.split(", ")[2]) & EPI_ONE_FENCE for n in q8), launched
 
 
+def _ffn(dtype: DType, e: int, f: int) -> CaseSpec:
+    """A one-token FFN block the kit has not: gate/up of ``f`` rows over K = ``e``."""
+    from parity.conformance.suite import _spec, _unfused_ffn
+
+    make = _unfused_ffn(dtype, e, f, 1, 2.0**-20)  # (eps: a float32)
+    return _spec(f"ffn-{dtype.name}-{e}x{f}-t1", Op.ADD, dtype, make, seed=e, rewrite=True)
+
+
 @pytest.mark.parametrize("case, group", [
     ("fusion-ffn-Q4_1-576x1024-t1", True), ("fusion-ffn-Q5_0-896x1024-t1", True),
     ("fusion-geglu-Q8_0-640x512-t1", True), ("matmul_swiglu-Q4_1-1536x576-t1", False),
-    ("fusion-ffn-Q4_K-1536x256-t1", False), ("fusion-ffn-Q4_1-576x1024-t7", False),
-])  # fmt: skip
+    ("fusion-ffn-Q4_K-1536x256-t1", False), (_ffn(DType.Q4_K, 512, 256), True),
+    (_ffn(DType.Q6_K, 512, 256), True), (_ffn(DType.Q8_0, 1024, 64), False),
+], ids=lambda c: c if isinstance(c, str) else getattr(c, "id", None))  # fmt: skip
 def test_gate_up_a_block_a_group_is_bit_exact_in_the_emulator(case, group, monkeypatch):
     """GROUP_Q8: a one-token gate/up with its GLU's QUANTIZE (Gemma 3's GEGLU in the product:
     GLU_IN_PRODUCT), rows of one round, a block a 32-row group (gemv_q_q8_group), bit for
-    bit; gemv_q_q8 where it does not apply (rows of two rounds, 7 tokens) or no ticket kernel
-    (a product with no QUANTIZE after it)."""
+    bit, K-quants' super-blocks too; gemv_q_q8 where it does not apply (rows of two rounds,
+    copies of 32 rows past static shared memory: Q8_0 rows of 1,024; several tokens: the
+    kit's t7 cases, as shipped) or no ticket kernel (a product with no QUANTIZE after it)."""
     launched = [n for n, _ in _judge_with(case, monkeypatch, GROUP_Q8=True, GLU_IN_PRODUCT=True)]
     assert any(n.startswith("gemv_q_q8_group<") for n in launched) == group, launched
-    assert any(n.startswith("gemv_q_q8<") for n in launched) == ("-ffn-" in case and not group)
+    ffn = "ffn-" in (case if isinstance(case, str) else case.id)
+    assert any(n.startswith("gemv_q_q8<") for n in launched) == (ffn and not group)
 
 
 PREFILL_NORMS = [c for c in NORMS if c.endswith(PREFILL)]

@@ -836,3 +836,70 @@ def test_a_two_norm_launch_never_reads_what_its_other_job_writes(case):
     writes = {p for job in jobs for p in (job.y, job.sum, job.y2) if p}
     reads = {p for job in jobs for p in (job.x, job.res) if p}
     assert not writes & reads
+
+
+class _Queue:
+    """A GPU runtime's stream as GpuBackend's marks see it: downloads land at once (the
+    interleaving of a Q8A value's three parts is what waits), events are records."""
+
+    def __init__(self) -> None:
+        self.waited: list[dict] = []
+
+    def event(self) -> dict:
+        return {}
+
+    def record(self, event: dict) -> None:
+        event["recorded"] = True
+
+    def wait(self, event: dict) -> None:
+        self.waited.append(event)
+
+    def destroy(self, event: dict) -> None:
+        event["destroyed"] = True
+
+    def synchronize(self) -> None:
+        return None
+
+    def download(self, src: np.ndarray, out: np.ndarray) -> None:
+        out[...] = src
+
+
+@pytest.mark.parametrize("order", ["first-then-second", "second-then-first"])
+def test_a_mark_lands_the_q8a_downloads_queued_before_it_and_no_later_ones(order):
+    """Two steps' Q8A downloads with a mark after each (GpuBackend.new_mark, place_mark): a
+    wait on the first mark interleaves the first value's parts into its host array and leaves
+    the second's for its own mark; a wait on the second lands both, and the first is then a
+    wait with nothing left to land."""
+    from parity.backends.gpu.backend import GpuBackend
+    from parity.backends.gpu.runtime import Q8Value
+    from parity.core.dtypes import DType, host_zeros
+
+    backend = GpuBackend.__new__(GpuBackend)
+    backend.rt = _Queue()
+    backend.init_memory()
+    rng = np.random.default_rng(0)
+
+    def value() -> Q8Value:
+        return Q8Value(rng.integers(-127, 128, (2, 64)).astype(np.int8),
+                       rng.random((2, 2), np.float32), rng.random((2, 2), np.float32))  # fmt: skip
+
+    values = [value(), value()]
+    outs = [host_zeros(DType.Q8A, (2, 64)) for _ in values]
+    marks = []
+    for v, out in zip(values, outs, strict=True):
+        backend.download(v, out)
+        marks.append(backend.new_mark())
+        backend.place_mark(marks[-1])
+
+    def landed(i: int) -> bool:
+        return bool((outs[i]["d"] == values[i].d).all() and (outs[i]["q"] != 0).any())
+
+    first, second = marks if order == "first-then-second" else marks[::-1]
+    backend.wait_mark(first)
+    assert (landed(0), landed(1)) == ((True, False) if first is marks[0] else (True, True))
+    backend.wait_mark(second)
+    assert landed(0) and landed(1) and backend._pending == []
+    assert outs[1]["q"].reshape(2, 64).tolist() == values[1].q.tolist()
+    assert [id(e) for e in backend.rt.waited] == [id(first.event), id(second.event)]
+    backend.drop_mark(marks[0])
+    assert marks[0].event == {"recorded": True, "destroyed": True}

@@ -224,7 +224,9 @@ def test_downloads_wait_for_one_wait_a_step(model, marks):
 class Queued(Counting):
     """Downloads land only when waited for, as on a CUDA stream; it says it queues, so greedy
     sessions start the next steps before handing a token back; with ``marks`` a step waits
-    for the downloads queued before its mark (a CUDA event), else synchronize lands all."""
+    for the downloads queued before its mark (a CUDA event), else synchronize lands all. An
+    upload's host array must stay as it was until its upload is waited for (a stream reads
+    it later): checked then."""
 
     name = "queued"
     queues = True
@@ -232,34 +234,44 @@ class Queued(Counting):
     def __init__(self, marks=True):
         super().__init__()
         self.pending, self.syncs, self.waits, self.landed = [], 0, 0, 0
+        self.sources, self.checked = [], 0  # uploads' host arrays as handed over, and checked
         self.marks = marks
+
+    def upload(self, buffer, host):
+        super().upload(buffer, host)
+        self.sources.append((host, host.copy()))
 
     def download(self, buffer, out):
         self.down += out.nbytes
         self.pending.append((buffer.copy(), out))
 
-    def _land(self, n):
+    def _land(self, n, uploads):
         for value, out in self.pending[:n]:
             out[...] = value
         del self.pending[:n]
         self.landed += n
+        fresh = max(0, uploads - self.checked)  # (a mark waited after a later one: none)
+        for host, was in self.sources[:fresh]:
+            assert host.tobytes() == was.tobytes(), "a host array changed before its upload ran"
+        del self.sources[:fresh]
+        self.checked = max(self.checked, uploads)
 
     def synchronize(self):
         self.syncs += 1
-        self._land(len(self.pending))
+        self._land(len(self.pending), self.checked + len(self.sources))
 
     def new_mark(self):
-        return [0] if self.marks else None  # (the downloads queued before it, ever)
+        return [0, 0] if self.marks else None  # (downloads and uploads queued before it, ever)
 
     def place_mark(self, mark):
         if mark is not None:
-            mark[0] = self.landed + len(self.pending)
+            mark[:] = self.landed + len(self.pending), self.checked + len(self.sources)
 
     def wait_mark(self, mark):
         if mark is None:
             return self.synchronize()
         self.waits += 1
-        self._land(mark[0] - self.landed)
+        self._land(mark[0] - self.landed, mark[1])
 
 
 def _greedy(session, prompt, n):

@@ -32,9 +32,11 @@ others.
 
 Ordering: a backend may enqueue ``upload``, ``copy_from``, ``execute``, ``download``, ``zero``
 and ``increment`` on one queue (a CUDA stream) and return at once; they must take effect in the
-order called. The runtime calls ``synchronize`` once per step, after the last download and before
-the host reads any result, and before it reads a host array it staged a cross-backend copy in.
-Host arrays handed to ``upload`` are left unchanged until the next ``synchronize``. A backend
+order called. The runtime waits once per step, after the last download and before the host reads
+any result (``wait_mark`` on the mark the step placed after its work, which by default is
+``synchronize``), and synchronizes before it reads a host array it staged a cross-backend copy
+in. Host arrays handed to ``upload`` are left unchanged until that wait: when ``wait_mark(m)``
+returns, every upload and download queued before ``place_mark(m)`` is complete. A backend
 that queues says so (``queues = True``): a session may then start the next greedy decode steps
 before it waits for the current one (``Step.start`` / ``Step.finish``), so the host's work
 overlaps the device's. Such a backend may also offer marks (``new_mark``, ``place_mark``,

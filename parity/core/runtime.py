@@ -358,7 +358,7 @@ class Step:
 
     def run(self, *, capture: bool | None = None) -> None:
         """One step: inputs checked and moved in, every split executed, outputs downloaded into
-        ``outputs``, each backend synchronized once before this returns."""
+        ``outputs``, each backend waited for once (``finish``) before this returns."""
         self.start(capture=capture)
         self.finish()
 
@@ -400,8 +400,10 @@ class Step:
         self.in_flight = True
 
     def finish(self) -> None:
-        """Wait for the run ``start`` queued (each backend synchronized once): ``outputs`` hold
-        its values. Returns at once when nothing is in flight."""
+        """Wait for the run ``start`` queued: each backend once, at the mark the run placed
+        after its work (``Backend.wait_mark``; a backend without marks synchronizes), so a
+        step started after this one may still be running. ``outputs`` then hold its values,
+        and its host buffers may be written. Returns at once when nothing is in flight."""
         if not self.in_flight:
             return
         self.in_flight = False
@@ -563,8 +565,9 @@ class Runtime:
         self.states: dict[str, _State] = {}
         self.layout: tuple[tuple[str, str], ...] | None = None
         self._layouts: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
-        self._steps: OrderedDict[tuple[Graph, tuple[int, ...]], Step] = OrderedDict()
-        self._pinned: dict[tuple[Graph, tuple[int, ...]], Step] = {}
+        # (graph, exposed nodes, inserted, copy) -> its step
+        self._steps: OrderedDict[tuple[Graph, tuple[int, ...], bool, int], Step] = OrderedDict()
+        self._pinned: dict[tuple[Graph, tuple[int, ...], bool, int], Step] = {}
         self._rewrites: OrderedDict[Graph, Graph] = OrderedDict()
         self._plans: OrderedDict[tuple[Graph, tuple[int, ...]], Plan] = OrderedDict()
 

@@ -19,10 +19,11 @@ buffers, each position kept on the device advancing by two), so one runs while t
 token is read; each waits for its own work alone (the backend's marks). The host's work between
 tokens (the caller's, the sampler's, the next step's setup) overlaps the device's, and the
 first decode steps start as soon as the prompt's token is known. When the caller goes another
-way (a different token, logits, a new prompt, or the end of the generation: an end-of-
-generation token is seen one step late), the steps started ahead are waited for and dropped:
-the KV rows they wrote lie past the tokens the cache holds, so nothing reads them, and the next
-steps at those positions overwrite them.
+way (a different token, logits, a new prompt), the steps started ahead are waited for and
+dropped: the KV rows they wrote lie past the tokens the cache holds, so nothing reads them, and
+the next steps at those positions overwrite them. A generation that ends (an end-of-generation
+token, its length) leaves its two steps ahead to run on: two steps of device time, waited for
+by the session's next call.
 """
 
 from __future__ import annotations
@@ -105,6 +106,12 @@ class Session:
         self._next_position = dict.fromkeys(steps, -1)  # what each keeps on the device
         self._advance = dict.fromkeys(steps, 0)  # ... and how far it moves a run
         self._fed_from: dict[Step, Step | None] = dict.fromkeys(steps)
+
+    @property
+    def greedy_steps(self) -> tuple[Step, ...]:
+        """The greedy decode step, and where the backends queue its second copy (they take
+        turns): what a benchmark warms up and whose captures it reports."""
+        return self._greedy
 
     @property
     def tokens(self) -> np.ndarray:
@@ -201,8 +208,14 @@ class Session:
         pos = self.n_tokens
         self.check_fits(pos + 1, "the sequence")
         ahead = self._ahead
-        if greedy and ahead and self._last_token == token and not ahead[0].released:
-            step = ahead.pop(0)  # started ahead, fed ``token`` on the device
+        if (
+            greedy
+            and ahead
+            and self._last_token == token
+            and self._next_position[ahead[0]] - self._advance[ahead[0]] == pos
+            and not ahead[0].released
+        ):
+            step = ahead.pop(0)  # started ahead at ``pos``, fed ``token`` on the device
         else:
             self._settle()
             step = self._decode[greedy]
@@ -225,6 +238,7 @@ class Session:
     def _start(self, step: Step, pos: int, token: int, source: Step | None) -> None:
         """Start decode ``step`` at position ``pos``, fed the ARGMAX ``source`` left on the
         device, or without a source ``token`` from the host."""
+        step.finish()  # (its host inputs change below; at once unless it is in flight)
         if source is not None:
             if self._fed_from[step] is not source:
                 step.feed("tokens", source)
@@ -246,21 +260,23 @@ class Session:
         self._next_position[step] = pos + advance
 
     def _start_ahead(self) -> None:
-        """Queue greedy decode steps until LOOK_AHEAD are in flight, where the backends queue
-        and the context has room: the first fed ``_last_token`` (just read back) by
-        ``_last_step`` on the device, each later one by the one before it. The two decode
-        steps take turns: a step is never started while it is in flight or feeds the next."""
+        """Queue greedy decode steps until LOOK_AHEAD are in flight (at most the two copies),
+        where the backends queue and the context has room: the first fed ``_last_token``
+        (just read back) by ``_last_step`` on the device, each later one by the one before it.
+        The two copies take turns: a step is never started while it is in flight, nor while
+        its ARGMAX is still to be copied into the step after it (the copy is queued before
+        the restart, and the stream keeps the order)."""
         if not self.look_ahead or len(self._greedy) < 2:
             return
         ahead = self._ahead
-        while len(ahead) < LOOK_AHEAD:
+        while len(ahead) < min(LOOK_AHEAD, len(self._greedy)):
             pos = self.n_tokens + len(ahead)
             source = ahead[-1] if ahead else self._last_step
             if pos >= self.n_ctx or source is None:
                 return
             first, second = self._greedy
             step = second if first is source or first in ahead else first
-            if step.released:
+            if step.released or step in ahead:
                 return
             self._start(step, pos, self._last_token, source)
             ahead.append(step)

@@ -17,7 +17,6 @@ import attrs
 import numpy as np
 
 from parity.core.runtime import CAPTURE_AFTER_RUNS
-from parity.generation.session import LOOK_AHEAD
 
 if TYPE_CHECKING:
     from parity.model import Model
@@ -58,8 +57,9 @@ def bench(
         return gen.stats.prefill_s, gen.stats.step_s
 
     # the warm-up decodes past the step that captures and the one that verifies the capture,
-    # of each of the session's greedy decode steps (two take turns where the backend queues)
-    cold_ttft, _ = once(LOOK_AHEAD * (CAPTURE_AFTER_RUNS + 3))
+    # of each of the session's greedy decode steps (two copies take turns where it queues)
+    copies = model.session.greedy_steps
+    cold_ttft, _ = once(len(copies) * (CAPTURE_AFTER_RUNS + 3))
     ttft, steps = once(gen_tokens)
     decode_s = sum(steps)
     return BenchResult(
@@ -74,5 +74,5 @@ def bench(
         step_ms=round(statistics.median(steps[1:]) * 1e3, 3),
         cold_ttft_ms=round(cold_ttft * 1e3, 3),
         load_s=round(load_s, 3),
-        decode_capture=model.runtime.capture_status(model.session.decode_graphs[True]),
+        decode_capture=[status for step in copies for status in step.capture_status],
     )

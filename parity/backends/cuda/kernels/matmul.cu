@@ -506,6 +506,7 @@ gemv_q_q8_group(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, co
     constexpr int L = Layout<QT>::L, WARPS = 32 / RPW;
     constexpr int NM = (EPI & EPI_GATED) ? 2 : 1;
     static_assert(PER * 32 >= COPY, "a row's copy larger than its loads");
+    static_assert(32 % RPW == 0, "rows a warp that do not divide the group's 32");
     __shared__ int4 copies[WARPS][RPW * NM][COPY];
     __shared__ float group[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
