@@ -116,8 +116,9 @@ ONE_FENCE = True
 # of rows of one round each, a block a 32-row group (matmul.cu's gemv_q_q8_group): the block
 # quantizes its own rows from shared memory, where gemv_q_q8's last block of each group fences,
 # takes a ticket and reloads the group at L2 first (gate/up took 5.3 us a launch, SmolLM2, PDL
-# off: twice down's time for as many bytes). Bit-exact (emulator; H100: the kit's FFN and
-# SWIGLU cases, the gpu tests). H100, nineteenth session, replayed decode step at depth 100,
+# off: twice down's time for as many bytes). Bit-exact (emulator; H100 at 2 rows a warp: the
+# kit 274/274 and its FFN and SWIGLU cases with GLU_IN_PRODUCT too, the twins' decode steps
+# after prompts of 1 and 600 tokens). H100, nineteenth session, replayed decode step at depth 100,
 # two rounds, ms: SmolLM2 0.624 / 0.618 -> 0.594 / 0.594 at 2 rows a warp (0.627 / 0.629 at
 # 4), Qwen 0.748 / 0.744 -> 0.702 / 0.710 (0.713 / 0.715 at 4); Gemma 3 with GLU_IN_PRODUCT
 # 0.626 / 0.623 -> 0.632 / 0.632 (docs/perf.md): on
