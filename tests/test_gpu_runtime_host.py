@@ -197,13 +197,32 @@ def compiler():
 
 
 @pytest.mark.long
-def test_kernels_compile_for_sm90(compiler):
+def test_kernels_compile_for_sm90_without_contraction(compiler, monkeypatch):
+    """Every instantiation compiles for sm_90 (NVRTC needs no GPU), and with --fmad=false the
+    PTX of the programs the cubins come from has no float multiply-add (rule 2): one compile
+    each, read twice."""
+    from cuda.bindings import nvrtc
+
     from parity.backends.cuda.library import Library
 
+    ptx: list[str] = []
+    cubin_size = nvrtc.nvrtcGetCUBINSize
+
+    def with_ptx(program):  # (Compiler._compile asks for the cubin's size once it compiled)
+        _, size = nvrtc.nvrtcGetPTXSize(program)
+        text = bytearray(size)  # (NVRTC writes into it)
+        nvrtc.nvrtcGetPTX(program, text)
+        ptx.append(text.decode())
+        return cubin_size(program)
+
+    monkeypatch.setattr(nvrtc, "nvrtcGetCUBINSize", with_ptx)
     library = Library(None, compiler)
     library.ensure(KERNELS)
     for source, name in KERNELS:
         assert (source, name) in library._functions
+    assert len(ptx) == len(dict.fromkeys(KERNELS))  # (a program an instantiation, none cached)
+    assert not [text for text in ptx if re.search(r"\bfma\.\w*f32", text)]
+    assert sum(bool(re.search(r"\b(mul|add)\.rn\.f32", text)) for text in ptx) > len(ptx) // 2
 
 
 def test_compiling_leaves_the_interpreters_shared_bytes_alone(compiler):
@@ -216,35 +235,6 @@ def test_compiling_leaves_the_interpreters_shared_bytes_alone(compiler):
     fresh = Compiler("sm_90", cache_dir=tempfile.mkdtemp(), notice=False)  # (compiles, no cache)
     Library(None, fresh).ensure([("rows.cu", "scale_f32")])  # no warnings: an empty log
     assert bytes([32])[0] == 32 and b" "[0] == 32
-
-
-@pytest.mark.long
-def test_no_contraction_in_the_generated_code(compiler):
-    """--fmad=false: no float multiply-add in the PTX of the kernels (rule 2)."""
-    from cuda.bindings import nvrtc
-
-    from parity.backends.cuda.library import sources
-
-    cu, cuh = sources()
-    for source in cu:
-        _, program = nvrtc.nvrtcCreateProgram(
-            cu[source].encode(), source.encode(), len(cuh),
-            [v.encode() for v in cuh.values()], [k.encode() for k in cuh],
-        )  # fmt: skip
-        names = [n for s, n in KERNELS if s == source]
-        for n in names:
-            nvrtc.nvrtcAddNameExpression(program, n.encode())
-        options = [o.encode() for o in compiler.options if not o.startswith("--gpu-arch")]
-        options.append(b"--gpu-architecture=compute_90")
-        (status,) = nvrtc.nvrtcCompileProgram(program, len(options), options)[:1]
-        assert status == nvrtc.nvrtcResult.NVRTC_SUCCESS
-        _, size = nvrtc.nvrtcGetPTXSize(program)
-        ptx = bytearray(size)  # (NVRTC writes into it)
-        nvrtc.nvrtcGetPTX(program, ptx)
-        nvrtc.nvrtcDestroyProgram(program)
-        text = ptx.decode()
-        assert not re.search(r"\bfma\.\w*f32", text), source
-        assert re.search(r"\b(mul|add)\.rn\.f32", text), source
 
 
 # -- lowering, with stand-in device buffers -----------------------------------------------------
