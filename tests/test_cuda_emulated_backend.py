@@ -373,16 +373,33 @@ def _ffn(dtype: DType, e: int, f: int) -> CaseSpec:
     ("fusion-ffn-Q4_K-1536x256-t1", False), (_ffn(DType.Q4_K, 512, 256), True),
     (_ffn(DType.Q6_K, 512, 256), True), (_ffn(DType.Q8_0, 1024, 64), False),
 ], ids=lambda c: c if isinstance(c, str) else getattr(c, "id", None))  # fmt: skip
-def test_gate_up_a_block_a_group_is_bit_exact_in_the_emulator(case, group, monkeypatch):
+@pytest.mark.parametrize("rpw", [1, 2])
+def test_gate_up_a_block_a_group_is_bit_exact_in_the_emulator(case, group, rpw, monkeypatch):
     """GROUP_Q8: a one-token gate/up with its GLU's QUANTIZE (Gemma 3's GEGLU in the product:
     GLU_IN_PRODUCT), rows of one round, a block a 32-row group (gemv_q_q8_group), bit for
-    bit, K-quants' super-blocks too; gemv_q_q8 where it does not apply (rows of two rounds,
-    copies of 32 rows past static shared memory: Q8_0 rows of 1,024; several tokens: the
-    kit's t7 cases, as shipped) or no ticket kernel (a product with no QUANTIZE after it)."""
-    launched = [n for n, _ in _judge_with(case, monkeypatch, GROUP_Q8=True, GLU_IN_PRODUCT=True)]
+    bit, K-quants' super-blocks too, at a row a warp and at two (GROUP_Q8_RPW); gemv_q_q8
+    where it does not apply (rows of two rounds, copies of 32 rows past static shared memory:
+    Q8_0 rows of 1,024; several tokens: the kit's t7 cases, as shipped) or no ticket kernel
+    (a product with no QUANTIZE after it)."""
+    launched = [n for n, _ in _judge_with(case, monkeypatch, GROUP_Q8=True, GLU_IN_PRODUCT=True,
+                                          GROUP_Q8_RPW=rpw)]  # fmt: skip
     assert any(n.startswith("gemv_q_q8_group<") for n in launched) == group, launched
+    rows = {int(n.split(", ")[2]) for n in launched if n.startswith("gemv_q_q8_group<")}
+    assert rows <= {rpw}, launched
     ffn = "ffn-" in (case if isinstance(case, str) else case.id)
     assert any(n.startswith("gemv_q_q8<") for n in launched) == (ffn and not group)
+
+
+def test_gate_up_groups_take_a_row_a_warp_where_they_fit_one_wave(monkeypatch):
+    """GROUP_Q8_RPW = 0: blocks of 32 warps (a row each) where the launch's groups fit one such
+    block a multiprocessor (SmolLM2's 48 on 132), else 16 warps (Qwen's 152); a nonzero value
+    forces its rows a warp."""
+    from parity.backends.cuda import lowering
+
+    monkeypatch.setattr(lowering, "GROUP_Q8_RPW", 0)
+    assert [lowering.group_q8_rpw(g, 132) for g in (1, 48, 132, 133, 152)] == [1, 1, 1, 2, 2]
+    monkeypatch.setattr(lowering, "GROUP_Q8_RPW", 4)
+    assert lowering.group_q8_rpw(48, 132) == 4
 
 
 PREFILL_NORMS = [c for c in NORMS if c.endswith(PREFILL)]

@@ -134,10 +134,11 @@ KERNELS = [
     ("matmul.cu", "gemv_q_multi<3, 3, 8, 0, 2, 0>"),
     ("matmul.cu", "gemv_q_q8<12, 1, 4, 1>"),
     ("matmul.cu", "gemv_q_q8<3, 1, 36, 1>"),  # (... ONE_FENCE)
-    ("matmul.cu", "gemv_q_q8_group<3, 4, 2, 1, 24>"),  # (... GROUP_Q8: SmolLM2, Qwen, Gemma 3)
+    ("matmul.cu", "gemv_q_q8_group<3, 4, 1, 1, 24>"),  # (... GROUP_Q8: SmolLM2, Qwen, Gemma 3)
     ("matmul.cu", "gemv_q_q8_group<6, 4, 2, 2, 40>"),
-    ("matmul.cu", "gemv_q_q8_group<6, 8, 2, 1, 29>"),
-    ("matmul.cu", "gemv_q_q8_group<6, 4, 1, 2, 40>"),  # (... GROUP_Q8_RPW = 1)
+    ("matmul.cu", "gemv_q_q8_group<6, 8, 1, 1, 29>"),
+    ("matmul.cu", "gemv_q_q8_group<3, 4, 2, 1, 24>"),  # (... GROUP_Q8_RPW = 2, 1)
+    ("matmul.cu", "gemv_q_q8_group<6, 4, 1, 2, 40>"),
     ("matmul.cu", "gemv_q_norm<3, 1, 2, 1>"),
     ("matmul.cu", "gemv_q_norm<12, 8, 0, 4>"),
     ("matmul.cu", "gemv_q_q8<8, 1, 8, 1>"),

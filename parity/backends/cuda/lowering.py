@@ -123,7 +123,12 @@ ONE_FENCE = True
 # 4), Qwen 0.748 / 0.744 -> 0.702 / 0.710 (0.713 / 0.715 at 4); Gemma 3 with GLU_IN_PRODUCT
 # 0.626 / 0.623 -> 0.632 / 0.632 (docs/perf.md): on
 GROUP_Q8 = True
-GROUP_Q8_RPW = 2  # ... rows a warp: blocks of 32 / 2 = 16 warps
+# ... rows a warp: 1 (blocks of 32 warps) where the launch's groups fit one such block a
+# multiprocessor, else 2 (16 warps), a block a wave either way: 0 picks so, 1, 2 or 4 force it.
+# H100, twentieth session, replayed decode step at depth 100, ms, two rounds: SmolLM2 (48
+# groups) 0.598 / 0.600 at 2 -> 0.588 / 0.585 at 1; Qwen (152 groups: two blocks of 32 warps
+# on 20 multiprocessors) 0.700 / 0.697 at 2, 0.703 / 0.702 at 1 (docs/perf.md)
+GROUP_Q8_RPW = 0
 GROUP_Q8_SHARED = 48 << 10  # ... its copies of the group's rows in static shared memory
 FLOAT_WEIGHTS = (DType.F32, DType.F16, DType.BF16)
 NORM_THREADS = 1024  # norm.cuh's
@@ -366,6 +371,13 @@ def group_q8_loads(dtype: DType, t: int, k: int, gated: bool) -> tuple[int, int]
     if 32 * (2 if gated else 1) * copy * 16 + 32 * 4 > GROUP_Q8_SHARED:
         return None
     return lane_loads(nbytes), copy
+
+
+def group_q8_rpw(groups: int, multiprocessors: int) -> int:
+    """gemv_q_q8_group's rows a warp for a launch of ``groups`` blocks (GROUP_Q8_RPW)."""
+    if GROUP_Q8_RPW:
+        return GROUP_Q8_RPW
+    return 1 if groups <= multiprocessors else 2
 
 
 def gemv_warps_per_row(dtype: DType, k: int) -> int:
@@ -1217,8 +1229,9 @@ class Lowering:
             group = None if q8 is None else group_q8_loads(w.dtype, t, k, w2 is not None)
             if group is not None and n % 32 == 0:  # a block a group of 32 rows: no tickets
                 per, copy = group
-                name = f"gemv_q_q8_group<{w.dtype.value}, {epi}, {GROUP_Q8_RPW}, {per}, {copy}>"
-                self._launch("matmul.cu", name, (n // 32, 1, 1), (32 * 32 // GROUP_Q8_RPW, 1, 1),
+                rpw = group_q8_rpw(n // 32, self.multiprocessors)
+                name = f"gemv_q_q8_group<{w.dtype.value}, {epi}, {rpw}, {per}, {copy}>"
+                self._launch("matmul.cu", name, (n // 32, 1, 1), (32 * 32 // rpw, 1, 1),
                              [pointer(out), xq, *common, *self._q8_out(q8, glu)])  # fmt: skip
                 return True
             if q8 is not None and n % 32 == 0:
