@@ -231,7 +231,9 @@ WIDE_FIT_ROW = False
 WIDE_MIN_ROWS = 8  # ... where each warp gets at least this many rows
 # ... and the ARGMAX that reads it (greedy decoding) in the same launch: its blocks' keys
 # folded by the last block (an atomic ticket), the logits still written; one launch fewer a
-# step. Until a GPU times it: off
+# step, and no faster: H100, twentieth session, replayed decode step at depth 100, ms, SmolLM2
+# 0.598 / 0.600 -> 0.599 / 0.604, Qwen 0.700 / 0.697 -> 0.701 / 0.695, Gemma 3 0.624 / 0.621
+# -> 0.620 / 0.619 (the head's launch takes the ARGMAX's time: docs/perf.md): off
 ARGMAX_IN_HEAD = False
 TILE_ROWS = 32  # ... query rows (heads x tokens) a block at most, heads of 64 (half: wider)
 TILE_TOKENS = 32  # ... and tokens (attention.cu's TILE_TOKENS)
