@@ -111,7 +111,7 @@ together="HEADS_TOGETHER_CHUNKS[64]=3 HEADS_TOGETHER_CHUNKS[128]=3 HEADS_TOGETHE
 # (eleventh session: 64-token GEMM blocks for the deep ungated products, MMA_DEEP_K)
 # (sixteenth session: the decode norms made by their products, NORM_IN_PRODUCT: slower on an
 # H100, off; NORM_AFTER_PRODUCT timed again with its register tail: still slower)
-switches=${SWITCHES:-"NORM_IN_PRODUCT=1 MMA_DEEP_K=4096 MMA_TOKENS=64 MMA_QUANTIZE=1 WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 $together"}
+switches=${SWITCHES:-"NORM_IN_PRODUCT=1 MMA_DEEP_K=4096 MMA_TOKENS=64 MMA_QUANTIZE=1 WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 CHUNKS_SLABS_AHEAD=1 QUARTER_SUMS=1 $together"}
 all=${switches// /,}
 if [ "${DEEP:-0}" = 1 ]; then  # flash decoding's switches, deep in the cache
   fold=FOLD_BATCH=8; caps=CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2
@@ -335,10 +335,14 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
   # GEGLU in the product)
   run conformance_group python3 benchmarks/with_lowering.py GROUP_Q8=1 GLU_IN_PRODUCT=1 -- -m \
     parity conformance cuda -k fusion -k matmul_swiglu &
+  # (twentieth session: heads of 256 scored a K slab ahead, their sums a block a quarter of a
+  # chunk; off until timed)
+  run conformance_slabs_ahead python3 benchmarks/with_lowering.py CHUNKS_SLABS_AHEAD=1 \
+    QUARTER_SUMS=1 -- -m parity conformance cuda -k attention &
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
          conformance_fast_attention1 conformance_fast_attention2 conformance_fast_gemm
          conformance_fast_gemm_half conformance_fast_glu1 conformance_norm_in conformance_early
-         conformance_norm_block conformance_group)
+         conformance_norm_block conformance_group conformance_slabs_ahead)
   # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
   if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
     files+=(conformance_triton)

@@ -65,14 +65,17 @@ GUARDED = [c for c in CASES if c.endswith(PREFILL) and c not in SLOW
 
 def _count_launches(monkeypatch) -> Counter[str]:
     """The emulator's launches from now on, counted by kernel (its name before the template
-    arguments)."""
+    arguments, and its whole name)."""
     from cuda_emulator.backend import EmulatedDriver
 
     launched: Counter[str] = Counter()
     launch = EmulatedDriver.launch
 
     def counted(self, made, stream):
-        launched[self.library.kernel(made.fn)[1].split("<")[0]] += 1
+        name = self.library.kernel(made.fn)[1]
+        launched[name.split("<")[0]] += 1
+        if "<" in name:
+            launched[name] += 1
         launch(self, made, stream)
 
     monkeypatch.setattr(EmulatedDriver, "launch", counted)
@@ -146,7 +149,8 @@ PREFILL_SWITCHES = {
 PREFILL_OFF = {"NORM_WARP_WIDTH_MAX": 0, "MMA_QUANTIZE": False, "MMA_GLU": False,
                "MMA_MULTI": False}  # fmt: skip
 DECODE_SWITCHES = ("NORM_AFTER_PRODUCT", "QKV_HEAD_NORMS", "GLU_IN_PRODUCT", "WIDE_GEMV",
-                   "WIDE_FIT_ROW", "ARGMAX_IN_HEAD", "GROUP_Q8")  # fmt: skip
+                   "WIDE_FIT_ROW", "ARGMAX_IN_HEAD", "GROUP_Q8", "CHUNKS_SLABS_AHEAD",
+                   "QUARTER_SUMS")  # fmt: skip
 
 
 @pytest.mark.parametrize("switch, case", [(name, c) for name, (part, _) in SWITCHED.items()
@@ -184,6 +188,28 @@ def test_flash_decoding_switches_are_bit_exact_in_the_emulator(case, monkeypatch
     launched = _judge_with(case, monkeypatch, FOLD_BATCH=8, CHUNKS_MIN_BLOCKS=2, SUMS_MIN_BLOCKS=2)
     names = {name.split("<")[0] for name, _ in launched if name.endswith(", 2, 8>")}
     assert names == {"attention_chunks", "attention_sums"}, launched
+
+
+@pytest.mark.parametrize("switch, kernel", [
+    ("CHUNKS_SLABS_AHEAD", "attention_chunks<256, 0, 1, 1, 0, 0, 1>"),
+    ("QUARTER_SUMS", "attention_quarters<256"),
+])  # fmt: skip
+@pytest.mark.parametrize("case", [c for c in CASES if "x256-p" in c
+                                  and c.endswith(("-t1", "-t2", "-t4"))])  # fmt: skip
+@pytest.mark.parametrize("reverse", [False, True])
+def test_flash_decoding_of_heads_of_256_switches_are_bit_exact_in_the_emulator(
+    case, switch, kernel, reverse, monkeypatch
+):
+    """Heads of 256 (every token's scores through scratch), the kit's decode cases, windows
+    (which start mid-chunk and mid-quarter) and ROPEs among them, bit for bit:
+    CHUNKS_SLABS_AHEAD scores a K slab at a time, each next slab's loads issued first, without
+    the one-launch path; QUARTER_SUMS makes attention_sums' work a block a quarter of a chunk,
+    the last block adding each chunk's four subtrees in tree order before the fold. Each with
+    a block's threads run first to last and last to first (a missing barrier shows in one
+    order or the other)."""
+    launched = _judge_with(case, monkeypatch, reverse=reverse, **{switch: True})
+    assert any(n.startswith(kernel) for n, _ in launched), launched
+    assert switch != "QUARTER_SUMS" or not any(n.startswith("attention_sums") for n, _ in launched)
 
 
 @pytest.mark.parametrize("case", DEEP)
@@ -514,6 +540,9 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     attention = "attention_tiles" if tiles else "attention_rows_gqa"
     kernels = ["gemm_mma", attention, "gemv_q_multi", "attention_chunks"]
     kernels += ["gemv_q_norm", "gemv_q_wide", "gemv_q_q8_group"] * switched
+    kernels += ["attention_chunks<256, 0, 1, 1, 0, 0, 1>", "attention_quarters"] * (
+        switched and bool(heads)
+    )
     kernels += ["gemm_mma_multi"] * (prefill != "none") + ["rms_norm_warps"] * (prefill == "all")
     for kernel in kernels:
         assert launched[kernel] > 0, launched

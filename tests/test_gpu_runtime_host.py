@@ -178,6 +178,9 @@ KERNELS = [
     ("attention.cu", "attention_sums<64, 0, 1, 1, 0, 1>"),
     ("attention.cu", "attention_sums<256, 0, 1, 1, 0, 1>"),
     ("attention.cu", "attention_sums<128, 0, 1, 1, 0, 1>"),
+    ("attention.cu", "attention_chunks<256, 0, 1, 1, 0, 0, 1>"),  # (... CHUNKS_SLABS_AHEAD)
+    ("attention.cu", "attention_quarters<256, 1>"),  # (... QUARTER_SUMS)
+    ("attention.cu", "attention_quarters<256>"),
     ("attention.cu", "attention_rows_gqa<64, 7>"),
     ("attention.cu", "attention_rows_gqa<256, 4>"),
     *(("attention.cu", f"attention_tiles<{d}>") for d in (64, 128, 256)),

@@ -249,6 +249,22 @@ TILE_SCORES_BYTES = 32 << 20
 # always take the two launches: the one-launch kernel spills at 256, and the two were faster on
 # the Gemma 3 twin even at depth 100 (docs/perf.md)
 CHUNKS_ONE_LAUNCH = {64: 2, 128: 2, 256: 0}
+# ... and where it is 0 (every token's scores through scratch), attention_chunks without the
+# one-launch path (no V values held: 128 registers at heads of 256, not 255) and its K slabs a
+# slab at a time, each next slab's loads issued before the current one is scored, where the
+# four rounds of two slabs of a head of 256 wait for their loads one after another (its
+# post-wait loads: EARLY_LOADS does not reach heads of 256). The same bits (emulator). Gemma
+# 3's attention_chunks took 6.24 us a launch, PDL off, H100 (twentieth session, docs/perf.md).
+# Until a GPU times it: off
+CHUNKS_SLABS_AHEAD = False
+# ... and attention_sums' work there (heads of 256) a block a quarter of a chunk (attention.cu's
+# attention_quarters): each block the subtrees of its 64 slots, the last block of a head adding
+# each chunk's four in tree order before the fold, where attention_sums' block makes each
+# dimension's TREE over 256 rows in one thread's chain and loads all 256 rows of V (a query
+# head a block: 4 blocks a layer for Gemma 3 below 256 positions). The same bits (emulator).
+# Gemma 3's attention_sums took 7.54 us a launch, PDL off, H100 (twentieth session,
+# docs/perf.md). Until a GPU times it: off
+QUARTER_SUMS = False
 # ... and the blocks a multiprocessor should hold of each flash-decoding kernel (its
 # __launch_bounds__' second argument; 0: none): none leaves attention_chunks 188 registers at
 # heads of 64, one block a multiprocessor, where a deep cache gives hundreds of blocks (Qwen at
@@ -327,18 +343,22 @@ HEADS_WIDTH_MAX = 1024  # ... (attention.cu's shared memory: 36 KiB of tiles, 4 
 NO_ROPE = RopeSegsArg()  # a q/k/v launch without ROPEs
 
 
-def flash_kernel(name: str, d: int, min_blocks: int, heads: int = 1, early: bool = False) -> str:
+def flash_kernel(
+    name: str, d: int, min_blocks: int, heads: int = 1, early: bool = False, ahead: bool = False
+) -> str:
     """attention_chunks' or attention_sums' name for heads of ``d``, ``min_blocks``,
-    FOLD_BATCH, ``heads`` query heads a KV head (HEADS_TOGETHER_CHUNKS) and ``early`` loads
-    (EARLY_LOADS)."""
+    FOLD_BATCH, ``heads`` query heads a KV head (HEADS_TOGETHER_CHUNKS), ``early`` loads
+    (EARLY_LOADS) and, for attention_chunks, its K slabs loaded a slab ``ahead``
+    (CHUNKS_SLABS_AHEAD)."""
     chunks = HEADS_TOGETHER_CHUNKS[d]
     together = chunks > 0 and 2 <= heads <= GQA_HEADS_MAX and heads * d <= HEADS_WIDTH_MAX
-    if not together and not early:
+    if not together and not early and not ahead:
         if min_blocks == 0 and FOLD_BATCH == 1:
             return f"{name}<{d}>"
         return f"{name}<{d}, {min_blocks}, {FOLD_BATCH}>"
     h, hc = (heads, chunks) if together else (1, 0)
-    return f"{name}<{d}, {min_blocks}, {FOLD_BATCH}, {h}, {hc}{', 1' if early else ''}>"
+    tail = ", 1" if early else ", 0, 1" if ahead else ""
+    return f"{name}<{d}, {min_blocks}, {FOLD_BATCH}, {h}, {hc}{tail}>"
 
 
 def grid1(n: int, per: int = 256, cap: int = 65535) -> tuple[int, int, int]:
@@ -1099,7 +1119,10 @@ class Lowering:
             return
         if t <= SPLIT_TOKENS:  # flash decoding: a block a (head, token, chunk)
             th = t * arg.n_head
-            part = self._shared_scratch("part", DType.F32, th * chunks * (d + 1))
+            quarters = (QUARTER_SUMS and d == 256 and CHUNKS_ONE_LAUNCH[d] == 0
+                        and HEADS_TOGETHER_CHUNKS[d] == 0)  # fmt: skip
+            parts = th * chunks * (4 if quarters else 1) * (d + 1)  # (quarters: a block's)
+            part = self._shared_scratch("part", DType.F32, parts)
             tickets = self._shared_scratch("tickets", DType.I32, th)  # zero between launches
             a.part, a.tickets = part.data_ptr(), tickets.data_ptr()
             grid = (arg.n_head, t, chunks)
@@ -1111,11 +1134,16 @@ class Lowering:
                 a.scores, a.pmax = scores.data_ptr(), pmax.data_ptr()
             heads = arg.n_head // arg.n_head_kv
             early = self._early_positions(node.src[3])  # (attention_sums: the cache too)
+            early_k = early and t == 1 and d == 64 and self._writes_row_p(node)
+            ahead = CHUNKS_SLABS_AHEAD and a.chunks_one_launch == 0 and not early_k
             self._launch("attention.cu",
-                         flash_kernel("attention_chunks", d, CHUNKS_MIN_BLOCKS, heads,
-                                      early and t == 1 and d == 64 and self._writes_row_p(node)),
+                         flash_kernel("attention_chunks", d, CHUNKS_MIN_BLOCKS, heads, early_k,
+                                      ahead),
                          grid, (256, 1, 1), [a])  # fmt: skip
-            if more:
+            if more and quarters:  # a block a quarter of a chunk
+                name = f"attention_quarters<{d}{', 1' if early else ''}>"
+                self._launch("attention.cu", name, (arg.n_head, t, 4 * chunks), (256, 1, 1), [a])
+            elif more:
                 self._launch("attention.cu",
                              flash_kernel("attention_sums", d, SUMS_MIN_BLOCKS, heads, early),
                              grid, (256, 1, 1), [a])  # fmt: skip

@@ -544,11 +544,17 @@ __device__ __forceinline__ void heads_chunk_scores(const AttnArgs& a, int t, int
 // tokens' by a block a head. EARLY, for a step of one token whose positions no kernel of the
 // step writes (the lowering's EARLY_LOADS): the position, then those K rows and V values, at
 // L2, before PDL's wait, while the kernel before (the step's KV_WRITE of row p) still runs; the
-// cache's other rows were written by earlier steps, and row p is loaded again after the wait.)
-template <int D, int MINB = 0, int FOLD = 1, int H = 1, int HC = 0, int EARLY = 0>
+// cache's other rows were written by earlier steps, and row p is loaded again after the wait.
+// AHEAD, where chunks_one_launch is 0 (every token's scores go through scratch: heads of 256):
+// no one-launch path, so no V values held, and the K slabs a slab at a time, each next slab's
+// loads issued before this one is scored, where the rounds of G slabs wait for their loads one
+// after another; the same products pushed in the same order: the same bits.)
+template <int D, int MINB = 0, int FOLD = 1, int H = 1, int HC = 0, int EARLY = 0, int AHEAD = 0>
 __global__ void __launch_bounds__(CHUNK, MINB) attention_chunks(AttnArgs a) {
     if (!EARLY) pdl_begin();
-    constexpr int SLABS = D / 32, G = SLABS < 2 ? SLABS : 2;  // K slabs held at once
+    static_assert(!(AHEAD && EARLY), "AHEAD's slabs load after the wait");
+    constexpr int SLABS = D / 32;
+    constexpr int G = AHEAD || SLABS < 2 ? 1 : 2;  // K slabs held at once (AHEAD: and the next)
     constexpr int VPRE = VPRE_OF(D);
     __shared__ __align__(16) float tiles[TILE_FLOATS];
     __shared__ float sq[H * D], se[CHUNK], sn[D], smem[H * 8 > 32 ? H * 8 : 32];
@@ -567,7 +573,7 @@ __global__ void __launch_bounds__(CHUNK, MINB) attention_chunks(AttnArgs a) {
     const int g = h / (a.n_head / a.n_head_kv);
     const bool live = c >= c0 && c < nc;  // (else outside the window or past the position)
     if (!EARLY && !live) return;           // no ticket
-    const bool alone = nc - c0 <= a.chunks_one_launch;  // (else: attention_sums finishes)
+    const bool alone = !AHEAD && nc - c0 <= a.chunks_one_launch;  // (else: attention_sums)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int width = a.n_head_kv * D;
     const float* kbase = a.k + g * D;
@@ -598,10 +604,25 @@ __global__ void __launch_bounds__(CHUNK, MINB) attention_chunks(AttnArgs a) {
     }
     load_q<D>(a, t, h, sq);
     float st[10];
+    if constexpr (AHEAD > 0) {
+        float4 kn[1][8];
 #pragma unroll
-    for (int s0 = 0; s0 < SLABS; s0 += G) {
-        if (s0 > 0) load_k<G>(kb, kbase, width, p, row0, s0);
-        score_slabs<G, EARLY != 0>(st, kb, sq, s0, tile, s0 == 0 ? rp : -1, kp);
+        for (int slab = 0; slab < SLABS; ++slab) {  // (unrolled: kb and kn take turns)
+            const bool next = slab + 1 < SLABS;
+            if (slab & 1) {
+                if (next) load_k<1>(kb, kbase, width, p, row0, slab + 1);
+                score_slabs<1>(st, kn, sq, slab, tile);
+            } else {
+                if (next) load_k<1>(kn, kbase, width, p, row0, slab + 1);
+                score_slabs<1>(st, kb, sq, slab, tile);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int s0 = 0; s0 < SLABS; s0 += G) {
+            if (s0 > 0) load_k<G>(kb, kbase, width, p, row0, s0);
+            score_slabs<G, EARLY != 0>(st, kb, sq, s0, tile, s0 == 0 ? rp : -1, kp);
+        }
     }
     const float s = __fmul_rn(tree_finish<10>(st, D, D), a.scale);  // this slot's score
     if (!alone) {  // the score and the chunk's max, for attention_sums
@@ -707,6 +728,92 @@ __global__ void __launch_bounds__(CHUNK, MINB) attention_sums(AttnArgs a) {
         sums_from_scores<D, FOLD, H>(a, t, h0, g, c, lo, p, c0, nc, vals, se, sn, smem, &last);
     else
         sums_from_scores<D, FOLD, 1>(a, t, h0, g, c, lo, p, c0, nc, vals, se, sn, smem, &last);
+}
+
+// ---- flash decoding's sums a quarter of a chunk a block (heads of 256) --------------------------
+
+// grid (n_head, T, 4 x chunks of n_ctx), 256 threads, after attention_chunks, where every
+// token's scores go through scratch (chunks_one_launch 0: heads of 256), in attention_sums'
+// place (the lowering's QUARTER_SUMS): a block a (head, token, quarter of a chunk), 64 slots,
+// thread i dimension i. attention_sums' block makes a chunk's weights' TREE and each
+// dimension's TREE over the chunk's 256 rows in one thread's chain, and loads all 256 rows of
+// V; here each block makes the subtrees of its quarter (its 64 weights: warps 0 and 1, the block
+// tree's first pair; dimension i over its 64 rows), and the last block of the (token, head)
+// (an atomic ticket) adds each chunk's four in tree order, ((Q0 + Q1) + (Q2 + Q3)), the two top
+// levels of the 256-slot TREEs, then folds the chunks left to right and writes the outputs:
+// the same adds, the same bits. A quarter holding no slot of lo .. p has no block's work (its
+// subtrees are +0.0, as a TREE of padding is) and takes no ticket. EARLY: the position and
+// this thread's V values at L2 before PDL's wait, as attention_sums' (the cache's KV_WRITE ran
+// two launches back); the scores and maxes, attention_chunks' (the launch before), after it.
+template <int D, int EARLY = 0>
+__global__ void __launch_bounds__(CHUNK) attention_quarters(AttnArgs a) {
+    static_assert(D == CHUNK, "a thread a dimension, a quarter 64 of the chunk's 256 slots");
+    constexpr int QR = CHUNK / 4;  // the rows (slots) of a quarter
+    if (!EARLY) pdl_begin();
+    __shared__ float se[QR], red[2];
+    __shared__ int last;
+    const int t = blockIdx.y, h = blockIdx.x, gq = blockIdx.z;  // gq: quarter of the cache
+    const int chunks = gridDim.z / 4, c = gq / 4;
+    const int p = EARLY ? __ldcg(a.positions + t) : a.positions[t];
+    const int lo = window_lo(a, p), c0 = lo / CHUNK, nc = p / CHUNK + 1;
+    const int qa = lo / QR, qb = p / QR;  // the quarters holding a slot of lo .. p
+    const bool live = gq >= qa && gq <= qb;
+    const int g = h / (a.n_head / a.n_head_kv), i = threadIdx.x, first = gq * QR;
+    const int width = a.n_head_kv * D;
+    const float* vbase = a.v + g * D;
+    float vals[QR];  // rows first .. first + 63 at dimension i (past p: row p, dropped)
+    if (EARLY) {  // (every block waits, one without work too)
+        if (live) {
+#pragma unroll
+            for (int j = 0; j < QR; ++j) vals[j] = __ldcg(vbase + (i64)min(first + j, p) * width + i);
+        }
+        pdl_begin();
+    }
+    if (!live) return;  // no ticket
+    if (!EARLY) {
+#pragma unroll
+        for (int j = 0; j < QR; ++j) vals[j] = vbase[(i64)min(first + j, p) * width + i];
+    }
+    const i64 th = (i64)t * a.n_head + h;
+    // the quarter's weights and their subtree (threads 0 .. 63: warps 0 and 1)
+    if (i < QR) {
+        float m = a.pmax[th * chunks + c0];  // the max of the chunks' maxes (exact)
+        for (int k = c0 + 1; k < nc; ++k) m = max_nan(m, a.pmax[th * chunks + k]);
+        const float sc = a.scores[(th * chunks + c) * CHUNK + (gq % 4) * QR + i];
+        float e = 0.0f;  // padding: +0.0 literally
+        if (seen(first + i, lo, p)) e = p_exp(__fsub_rn(sc, m));
+        se[i] = e;
+        const float w = warp_tree(e, 32);
+        if ((i & 31) == 0) red[i >> 5] = w;
+    }
+    __syncthreads();
+    float st[10];
+#pragma unroll
+    for (int j = 0; j < QR; ++j)
+        tree_push<10>(st, j, seen(first + j, lo, p) ? __fmul_rn(se[j], vals[j]) : 0.0f);
+    float* part = a.part + (th * gridDim.z + gq) * (D + 1);
+    part[i] = tree_finish<10>(st, QR, QR);
+    if (i == 0) part[D] = __fadd_rn(red[0], red[1]);
+    if (!last_block<true>(&a.tickets[th], qb - qa + 1, last)) return;
+    // the chunks' sums from their quarters' subtrees (at L2: other blocks wrote them), in order
+    const float* ph = a.part + th * gridDim.z * (D + 1);
+    float num = 0.0f, den = 0.0f;
+    for (int k = c0; k < nc; ++k) {
+        float nq[4], dq[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int q = k * 4 + r;
+            const bool on = q >= qa && q <= qb;  // (else +0.0: a subtree of padding)
+            nq[r] = on ? __ldcg(ph + (i64)q * (D + 1) + i) : 0.0f;
+            dq[r] = on ? __ldcg(ph + (i64)q * (D + 1) + D) : 0.0f;
+        }
+        const float nk = __fadd_rn(__fadd_rn(nq[0], nq[1]), __fadd_rn(nq[2], nq[3]));
+        const float dk = __fadd_rn(__fadd_rn(dq[0], dq[1]), __fadd_rn(dq[2], dq[3]));
+        num = k == c0 ? nk : __fadd_rn(num, nk);
+        den = k == c0 ? dk : __fadd_rn(den, dk);
+    }
+    store_out<D>(a, t, h * D + i, true, num, den);
+    if (i == 0) a.tickets[th] = 0;  // ready for the next launch (or replay)
 }
 
 // ---- prefill, the query heads of a KV head together ---------------------------------------------
