@@ -98,8 +98,9 @@ fi
 # (the switches still to time, sixth session: the head's loads, flash decoding's fold and
 # register caps, which matter deep in the cache: POSITION=4000, the norms' block size, and the
 # prefill GEMM's blocks a multiprocessor)
-# (seventh session: a deep token's chunks by a block a KV head, HEADS_TOGETHER_CHUNKS)
-together="HEADS_TOGETHER_CHUNKS[64]=3 HEADS_TOGETHER_CHUNKS[128]=3 HEADS_TOGETHER_CHUNKS[256]=8"
+# (seventh session: a deep token's chunks by a block a KV head, HEADS_TOGETHER_CHUNKS; not for
+# heads of 256 here, where it would turn QUARTER_SUMS off: verify's deep variants check them)
+together="HEADS_TOGETHER_CHUNKS[64]=3 HEADS_TOGETHER_CHUNKS[128]=3"
 # (eighth session: prefill attention's scores kept for its second pass, TILE_SCORES_BYTES: on
 # since its A/B; TILE_SCORES_BYTES=0 times the kernel without)
 # (and gemm_mma's blocks of 64 tokens, MMA_TOKENS)

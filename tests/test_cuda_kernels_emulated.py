@@ -50,6 +50,11 @@ KERNELS = [
     "attention_chunks<64, 0, 1, 1, 0, 1>",
     "attention_sums<64, 0, 1, 1, 0, 1>",
     "attention_sums<256, 0, 1, 1, 0, 1>",
+    # heads of 256: K a slab ahead (CHUNKS_SLABS_AHEAD), the sums a block a quarter of a chunk
+    # (QUARTER_SUMS), with loads before PDL's wait too
+    "attention_chunks<256, 0, 1, 1, 0, 0, 1>",
+    "attention_quarters<256>",
+    "attention_quarters<256, 1>",
 ]
 
 
@@ -67,14 +72,17 @@ def ptr(a: np.ndarray | None) -> int | None:
 
 
 def run(lib, kind, q, k, v, pos, *, nh, nkv, d, scale, window=0, one_launch=2, quantize=False,
-        tile=0, shared=None, together=None, early=False, late=()):  # fmt: skip
+        tile=0, shared=None, together=None, early=False, late=(), ahead=False,
+        quarters=False):  # fmt: skip
     """The lowering's launches for ``kind`` (rows, gqa, tiles, chunks), on host arrays: out and,
     with ``quantize``, its Q8 activations (q, d, s). ``tile``: attention_tiles' tokens a block
     (0: the lowering's choice); ``shared``: its dynamic shared memory (None: the lowering's).
     ``together``: flash decoding's (FOLD, HC) with the query heads of a KV head in one block
     from HC chunks on (None: a block a head). ``early``: flash decoding's loads before PDL's
     wait, as EARLY_LOADS picks them (attention_chunks' for heads of 64, attention_sums');
-    ``late``: (dst, poison, truth) arrays, late writes (the emulator's) of the first launch."""
+    ``late``: (dst, poison, truth) arrays, late writes (the emulator's) of the first launch.
+    Heads of 256 with ``one_launch`` 0: ``ahead``, attention_chunks' K a slab ahead;
+    ``quarters``, attention_quarters in attention_sums' place."""
     t, n_ctx = q.shape[0], k.shape[0]
     out = np.full_like(q, np.nan)
     a = AttnArg()
@@ -90,7 +98,7 @@ def run(lib, kind, q, k, v, pos, *, nh, nkv, d, scale, window=0, one_launch=2, q
     if kind == "chunks":
         chunks = -(-n_ctx // CHUNK)
         th = t * nh
-        part = np.full(th * chunks * (d + 1), np.nan, F32)
+        part = np.full(th * chunks * (4 if quarters else 1) * (d + 1), np.nan, F32)
         tickets = np.zeros(th, np.int32)
         scores = np.full(th * chunks * CHUNK, np.nan, F32)
         pmax = np.full(th * chunks, np.nan, F32)
@@ -100,9 +108,13 @@ def run(lib, kind, q, k, v, pos, *, nh, nkv, d, scale, window=0, one_launch=2, q
         early_args = f"{d}, 0, 1, 1, 0, 1" if early else args
         for dst, poison, truth in late:
             lib.late_write(dst.ctypes.data, poison.ctypes.data, truth.ctypes.data, dst.nbytes)
-        lib.launch(f"attention_chunks<{early_args if d == 64 else args}>", (nh, t, chunks),
-                   (CHUNK,), [a])  # fmt: skip
-        lib.launch(f"attention_sums<{early_args}>", (nh, t, chunks), (CHUNK,), [a])
+        first = "256, 0, 1, 1, 0, 0, 1" if ahead else early_args if d == 64 else args
+        lib.launch(f"attention_chunks<{first}>", (nh, t, chunks), (CHUNK,), [a])
+        if quarters:
+            lib.launch(f"attention_quarters<{d}{', 1' if early else ''}>", (nh, t, 4 * chunks),
+                       (CHUNK,), [a])  # fmt: skip
+        else:
+            lib.launch(f"attention_sums<{early_args}>", (nh, t, chunks), (CHUNK,), [a])
         assert not tickets.any(), "the tickets are zero again between launches"
     elif kind == "tiles":
         tq = tile or tile_tokens(t, nh // nkv, nkv, d)
@@ -139,7 +151,7 @@ def inputs(seed, t, n_ctx, nh, nkv, d, pos, q_scale=1.0, window=0, poison_unseen
 
 
 def check(lib, kind, *, seed, nh, nkv, d, pos, n_ctx, window=0, one_launch=2, q_scale=1.0, tile=0,
-          poison_unseen=False, together=None):  # fmt: skip
+          poison_unseen=False, together=None, ahead=False, quarters=False):  # fmt: skip
     pos = np.asarray(pos, np.int32)
     q, k, v = inputs(seed, len(pos), n_ctx, nh, nkv, d, pos, q_scale, window, poison_unseen)
     scale = float(F32(1 / np.sqrt(d)))
@@ -147,7 +159,8 @@ def check(lib, kind, *, seed, nh, nkv, d, pos, n_ctx, window=0, one_launch=2, q_
                          window=window)  # fmt: skip
     out, oq, od, os_ = run(lib, kind, q, k, v, pos, nh=nh, nkv=nkv, d=d, scale=scale,
                            window=window, one_launch=one_launch, quantize=True,
-                           tile=tile, together=together)  # fmt: skip
+                           tile=tile, together=together, ahead=ahead,
+                           quarters=quarters)  # fmt: skip
     assert out.tobytes() == want.tobytes(), np.argwhere(out.view(np.int32) != want.view(np.int32))
     wq = quantize_activations(want)
     assert oq.tobytes() == wq.q.tobytes()
@@ -231,8 +244,21 @@ def test_flash_decoding_heads_of_64(lib, one_launch, window) -> None:
           window=window, one_launch=one_launch, q_scale=4.0)  # fmt: skip
 
 
-def test_flash_decoding_heads_of_256(lib) -> None:
-    check(lib, "chunks", seed=5, nh=2, nkv=1, d=256, pos=[3, 600], n_ctx=768, one_launch=0)
+@pytest.mark.parametrize("ahead, quarters", [(False, False), (True, False), (True, True)])
+def test_flash_decoding_heads_of_256(lib, ahead, quarters) -> None:
+    check(lib, "chunks", seed=5, nh=2, nkv=1, d=256, pos=[3, 600], n_ctx=768, one_launch=0,
+          ahead=ahead, quarters=quarters)  # fmt: skip
+
+
+@pytest.mark.parametrize("window", [0, 100, 300])
+def test_flash_decoding_heads_of_256_a_quarter_a_block(lib, window) -> None:
+    """QUARTER_SUMS (with CHUNKS_SLABS_AHEAD): four tokens, at a quarter's first and last
+    slots, a chunk's, and past them (the quarters of slots no token sees, padding rows of NaN
+    keys and -inf values, take no block's work); windows of 100 and 300 start mid-quarter and
+    mid-chunk."""
+    check(lib, "chunks", seed=6, nh=4, nkv=1, d=256, pos=[0, 63, 256, 700], n_ctx=1000,
+          window=window, one_launch=0, q_scale=4.0, poison_unseen=True, ahead=True,
+          quarters=True)  # fmt: skip
 
 
 @pytest.mark.parametrize("window", [0, 300])
@@ -259,15 +285,17 @@ def test_flash_decoding_heads_of_256_together(lib) -> None:
           together=(8, 1))  # fmt: skip
 
 
-@pytest.mark.parametrize("d", [64, 256])
-def test_flash_decoding_loads_before_the_wait_take_row_p_after_it(lib, d) -> None:
+@pytest.mark.parametrize("d, quarters", [(64, False), (256, False), (256, True)])
+def test_flash_decoding_loads_before_the_wait_take_row_p_after_it(lib, d, quarters) -> None:
     """EARLY_LOADS, a step of one token: attention_chunks (heads of 64) loads the position, its
     K rows and V values before PDL's wait, while the kernel before still writes row p, and row
     p again after it; attention_sums (two launches after that write) its V values. Row p of K
     and V is a late write here: NaN and inf in every block until it passes its wait, the real
     row after. The outputs are the oracle's, at positions on both sides of the warps' 32 rows,
     the runs' 64 and the chunks' 256, in one launch and through scratch (700). The same late
-    write of a V row that attention_sums loads early poisons its output: the stand-in bites."""
+    write of a V row that attention_sums loads early poisons its output: the stand-in bites.
+    ``quarters``: attention_quarters' (QUARTER_SUMS) loads in attention_sums' place, every
+    token through scratch, as the lowering launches it."""
     nh, nkv = (3, 1) if d == 64 else (2, 1)
     scale = float(F32(1 / np.sqrt(d)))
     for p in (0, 5, 31, 32, 63, 64, 255, 256, 300, 700):
@@ -277,7 +305,8 @@ def test_flash_decoding_loads_before_the_wait_take_row_p_after_it(lib, d) -> Non
         poison_k, poison_v = np.full_like(k[p], np.nan), np.full_like(v[p], np.inf)
         late = [(k[p], poison_k, k[p].copy()), (v[p], poison_v, v[p].copy())]
         out, *_ = run(lib, "chunks", q, k, v, pos, nh=nh, nkv=nkv, d=d, scale=scale, early=True,
-                      late=late, quantize=True)  # fmt: skip
+                      late=late, quantize=True, quarters=quarters,
+                      one_launch=0 if quarters else 2)  # fmt: skip
         assert out.tobytes() == want.tobytes(), p
     # attention_sums' early loads see a write the kernel before makes (700: its path); a late
     # write of one of its V rows stands in for one (there is none: the lowering's rule)
@@ -288,13 +317,14 @@ def test_flash_decoding_loads_before_the_wait_take_row_p_after_it(lib, d) -> Non
     original = lib.launch
 
     def late_for_sums(name, *args, **kwargs):
-        if name.startswith("attention_sums"):
+        if name.startswith(("attention_sums", "attention_quarters")):
             lib.late_write(v[520].ctypes.data, poison.ctypes.data, row.ctypes.data, row.nbytes)
         original(name, *args, **kwargs)
 
     lib.launch = late_for_sums
     try:
-        out, *_ = run(lib, "chunks", q, k, v, pos, nh=nh, nkv=nkv, d=d, scale=scale, early=True)
+        out, *_ = run(lib, "chunks", q, k, v, pos, nh=nh, nkv=nkv, d=d, scale=scale, early=True,
+                      quarters=quarters, one_launch=0 if quarters else 2)  # fmt: skip
     finally:
         del lib.launch
     assert np.isnan(out).any() or np.isinf(out).any()

@@ -350,6 +350,8 @@ def flash_kernel(
     FOLD_BATCH, ``heads`` query heads a KV head (HEADS_TOGETHER_CHUNKS), ``early`` loads
     (EARLY_LOADS) and, for attention_chunks, its K slabs loaded a slab ``ahead``
     (CHUNKS_SLABS_AHEAD)."""
+    if early and ahead:  # (the template's static_assert: AHEAD's slabs load after the wait)
+        raise ValueError("attention_chunks takes its K slabs early or a slab ahead, not both")
     chunks = HEADS_TOGETHER_CHUNKS[d]
     together = chunks > 0 and 2 <= heads <= GQA_HEADS_MAX and heads * d <= HEADS_WIDTH_MAX
     if not together and not early and not ahead:

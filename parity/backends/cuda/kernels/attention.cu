@@ -742,7 +742,8 @@ __global__ void __launch_bounds__(CHUNK, MINB) attention_sums(AttnArgs a) {
 // (an atomic ticket) adds each chunk's four in tree order, ((Q0 + Q1) + (Q2 + Q3)), the two top
 // levels of the 256-slot TREEs, then folds the chunks left to right and writes the outputs:
 // the same adds, the same bits. A quarter holding no slot of lo .. p has no block's work (its
-// subtrees are +0.0, as a TREE of padding is) and takes no ticket. EARLY: the position and
+// subtrees are +0.0, as a TREE of padding is) and takes no ticket, nor does a token that sees
+// at most chunks_one_launch chunks (attention_sums' rule; the lowering gives it 0). EARLY: the position and
 // this thread's V values at L2 before PDL's wait, as attention_sums' (the cache's KV_WRITE ran
 // two launches back); the scores and maxes, attention_chunks' (the launch before), after it.
 template <int D, int EARLY = 0>
@@ -757,7 +758,9 @@ __global__ void __launch_bounds__(CHUNK) attention_quarters(AttnArgs a) {
     const int p = EARLY ? __ldcg(a.positions + t) : a.positions[t];
     const int lo = window_lo(a, p), c0 = lo / CHUNK, nc = p / CHUNK + 1;
     const int qa = lo / QR, qb = p / QR;  // the quarters holding a slot of lo .. p
-    const bool live = gq >= qa && gq <= qb;
+    const bool deep = nc - c0 > a.chunks_one_launch;  // (else attention_chunks did: none, as
+                                                       // the lowering launches it, at 0)
+    const bool live = deep && gq >= qa && gq <= qb;
     const int g = h / (a.n_head / a.n_head_kv), i = threadIdx.x, first = gq * QR;
     const int width = a.n_head_kv * D;
     const float* vbase = a.v + g * D;
