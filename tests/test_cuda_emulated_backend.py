@@ -190,26 +190,29 @@ def test_flash_decoding_switches_are_bit_exact_in_the_emulator(case, monkeypatch
     assert names == {"attention_chunks", "attention_sums"}, launched
 
 
-@pytest.mark.parametrize("switch, kernel", [
-    ("CHUNKS_SLABS_AHEAD", "attention_chunks<256, 0, 1, 1, 0, 0, 1>"),
-    ("QUARTER_SUMS", "attention_quarters<256"),
+@pytest.mark.parametrize("switch, value, kernel", [
+    ("CHUNKS_SLABS_AHEAD", True, "attention_chunks<256, 0, 1, 1, 0, 0, 1>"),
+    ("QUARTER_SUMS", True, "attention_quarters<256"),
+    ("QUARTER_SUMS", False, "attention_sums<256"),  # (what the quarters replaced)
 ])  # fmt: skip
 @pytest.mark.parametrize("case", [c for c in CASES if "x256-p" in c
                                   and c.endswith(("-t1", "-t2", "-t4"))])  # fmt: skip
 @pytest.mark.parametrize("reverse", [False, True])
 def test_flash_decoding_of_heads_of_256_switches_are_bit_exact_in_the_emulator(
-    case, switch, kernel, reverse, monkeypatch
+    case, switch, value, kernel, reverse, monkeypatch
 ):
     """Heads of 256 (every token's scores through scratch), the kit's decode cases, windows
     (which start mid-chunk and mid-quarter) and ROPEs among them, bit for bit:
     CHUNKS_SLABS_AHEAD scores a K slab at a time, each next slab's loads issued first, without
     the one-launch path; QUARTER_SUMS makes attention_sums' work a block a quarter of a chunk,
-    the last block adding each chunk's four subtrees in tree order before the fold. Each with
-    a block's threads run first to last and last to first (a missing barrier shows in one
-    order or the other)."""
-    launched = _judge_with(case, monkeypatch, reverse=reverse, **{switch: True})
+    the last block adding each chunk's four subtrees in tree order before the fold (on: off,
+    attention_sums' block a chunk). Each with a block's threads run first to last and last to
+    first (a missing barrier shows in one order or the other)."""
+    launched = _judge_with(case, monkeypatch, reverse=reverse, **{switch: value})
     assert any(n.startswith(kernel) for n, _ in launched), launched
-    assert switch != "QUARTER_SUMS" or not any(n.startswith("attention_sums") for n, _ in launched)
+    if switch == "QUARTER_SUMS":  # (the one or the other)
+        other = "attention_sums" if value else "attention_quarters"
+        assert not any(n.startswith(other) for n, _ in launched), launched
 
 
 @pytest.mark.parametrize("case", DEEP)

@@ -255,16 +255,19 @@ CHUNKS_ONE_LAUNCH = {64: 2, 128: 2, 256: 0}
 # four rounds of two slabs of a head of 256 wait for their loads one after another (its
 # post-wait loads: EARLY_LOADS does not reach heads of 256). The same bits (emulator). Gemma
 # 3's attention_chunks took 6.24 us a launch, PDL off, H100 (twentieth session, docs/perf.md).
-# Until a GPU times it: off
+# Timed (twenty-first session, H100): 6.29 -> 6.58 us a launch, PDL off; the replayed step 1.0 %
+# slower at depth 100 (0.3-0.6 % beside QUARTER_SUMS), at 4,000 0.3-0.9 % slower alone and
+# 2.7-3.3 % faster beside QUARTER_SUMS: off
 CHUNKS_SLABS_AHEAD = False
 # ... and attention_sums' work there (heads of 256) a block a quarter of a chunk (attention.cu's
 # attention_quarters): each block the subtrees of its 64 slots, the last block of a head adding
 # each chunk's four in tree order before the fold, where attention_sums' block makes each
 # dimension's TREE over 256 rows in one thread's chain and loads all 256 rows of V (a query
 # head a block: 4 blocks a layer for Gemma 3 below 256 positions). The same bits (emulator).
-# Gemma 3's attention_sums took 7.54 us a launch, PDL off, H100 (twentieth session,
-# docs/perf.md). Until a GPU times it: off
-QUARTER_SUMS = False
+# Gemma 3's attention_sums took 7.54 us a launch, PDL off, H100 (twentieth session); the
+# quarters 5.19, and Gemma 3's replayed step 0.622 -> 0.586 ms at depth 100, 0.745 -> 0.658 at
+# 4,000 (twenty-first session, H100, docs/perf.md): on
+QUARTER_SUMS = True
 # ... and the blocks a multiprocessor should hold of each flash-decoding kernel (its
 # __launch_bounds__' second argument; 0: none): none leaves attention_chunks 188 registers at
 # heads of 64, one block a multiprocessor, where a deep cache gives hundreds of blocks (Qwen at
