@@ -274,9 +274,12 @@ QUARTER_SUMS = True
 # depth 16,384: 896 a layer); 2 caps them at 128 (76 bytes spilled). Until a GPU times them: 0
 CHUNKS_MIN_BLOCKS = 0
 SUMS_MIN_BLOCKS = 0
-# ... and the chunks whose partial results their fold (and attention_sums' max of the chunks'
-# maxes) loads together: 1, one L2 round trip a chunk after another (64 at depth 16,384);
-# 8 issues a batch's loads at once. Until a GPU times it: 1
+# ... and the chunks whose partial results attention_chunks' fold loads together (its one
+# launch: at most CHUNKS_ONE_LAUNCH chunks); 8 issues a batch's loads at once, slower at depths
+# 4,000 and 16,000 when attention_sums' fold took it too (eighth session, H100): 1. Since the
+# twenty-first session attention_sums loads the max of the chunks' maxes a warp's lanes at once
+# (chunks_max) and folds through shared memory, every thread loading (fold_staged): 6-8 % off
+# SmolLM2's and Qwen's step at depth 4,000 (H100, docs/perf.md).
 FOLD_BATCH = 1
 # ... and a deep token's chunks (seen from this many on, and more than CHUNKS_ONE_LAUNCH) by a
 # block a KV head for its query heads, K and V read once for them, not once a head: Qwen at

@@ -182,6 +182,18 @@ __device__ __forceinline__ void warp_scores(const float* sq, const float* kbase,
     }
 }
 
+// The max of the chunk maxes pm[c0 .. nc - 1] (exact in any order; a NaN propagates), in every
+// lane of the calling warp: lane l loads chunks c0 + l, c0 + l + 32, ..., then the warp's
+// butterfly. One L2 round trip for up to 32 chunks, where a chain of max_nan over them took one a
+// chunk (its NaN test put each load behind the max before it: 15 at depth 4,000).
+__device__ __forceinline__ float chunks_max(const float* pm, int c0, int nc) {
+    float m = -__int_as_float(0x7f800000);
+    for (int k = c0 + (int)(threadIdx.x & 31); k < nc; k += 32) m = max_nan(m, pm[k]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = max_nan(m, __shfl_xor_sync(FULL_MASK, m, off));
+    return m;
+}
+
 __device__ __forceinline__ float block_max(float v, float* smem) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
@@ -447,16 +459,64 @@ __device__ __forceinline__ void kv_block(const AttnArgs& a, int& g, int& c) {
     c = l / a.n_head_kv;
 }
 
+#define STAGE_FLOATS 1040  // fold_staged's shared memory: 16 chunks' partials at heads of 64
+
+// publish_and_fold's fold through shared memory: the partials (N_c, then D_c) of FB chunks of
+// the H heads at a time loaded by every thread at once (at L2: other blocks wrote them), then
+// thread o (head o / D, dimension o % D) adds them in chunk order, as the fold from registers.
+template <int D, int H>
+__device__ __forceinline__ void fold_staged(const AttnArgs& a, int t, int h0, int c0, int nc,
+                                            float* stage) {
+    constexpr int ROW = H * (D + 1), FB = STAGE_FLOATS / ROW > 0 ? STAGE_FLOATS / ROW : 1;
+    constexpr int OUT = (H * D + CHUNK - 1) / CHUNK, LOADS = (FB * ROW + CHUNK - 1) / CHUNK;
+    static_assert(ROW <= STAGE_FLOATS, "a chunk's partials in the stage");
+    const i64 th = (i64)t * a.n_head + h0;
+    float num[OUT], den[OUT];
+    for (int k0 = c0; k0 < nc; k0 += FB) {
+        const int nb = min(FB, nc - k0);
+        if (k0 > c0) __syncthreads();  // (the batch before is added)
+#pragma unroll
+        for (int u = 0; u < LOADS; ++u) {
+            const int v = threadIdx.x + u * CHUNK;
+            if (v < nb * ROW) {
+                const int j = v / ROW, r = v % ROW;  // chunk k0 + j, head r / (D + 1)
+                stage[v] = __ldcg(a.part + ((th + r / (D + 1)) * gridDim.z + k0 + j) * (D + 1) +
+                                  r % (D + 1));
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < OUT; ++u) {
+            const int o = threadIdx.x + u * CHUNK;
+            if (o >= H * D) break;  // (whole warps: H D is a multiple of 32)
+            const float* sh = stage + (o / D) * (D + 1);
+            for (int j = 0; j < nb; ++j) {
+                const float dk = sh[j * ROW + D], nk = sh[j * ROW + o % D];
+                den[u] = k0 + j == c0 ? dk : __fadd_rn(den[u], dk);
+                num[u] = k0 + j == c0 ? nk : __fadd_rn(num[u], nk);
+            }
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < OUT; ++u) {
+        const int o = threadIdx.x + u * CHUNK;
+        if (o < H * D) store_out<D>(a, t, h0 * D + o, true, num[u], den[u]);
+    }
+}
+
 // Chunk c's sums of the H heads h0 .. h0 + H - 1 (D_c = dc[h], N_c in sn[h D ..]) into their
 // scratch; the last of the blocks sharing head h0's ticket (an atomic) folds the chunks c0 ..
 // nc - 1 of each head in order and writes the outputs. grid (n_head, T, chunks). FOLD: the
 // chunks whose partials are loaded together. A token that sees one chunk (a cache shallower
 // than 256 positions) has one block: it writes num / den = N_c / D_c at once (the fold of one
-// chunk is that chunk's sums), without the scratch, the fences and the ticket.
+// chunk is that chunk's sums), without the scratch, the fences and the ticket. STAGE (shared
+// memory of STAGE_FLOATS, or null): the last block's threads all load the partials of as many
+// chunks as it holds at once, one L2 round trip a batch, before the H D of them add them up in
+// chunk order (FOLD's loads are a thread's: four chunks a round trip as compiled).
 template <int D, int FOLD, int H = 1>
 __device__ __forceinline__ void publish_and_fold(const AttnArgs& a, int t, int h0, int c, int c0,
                                                  int nc, const float (&dc)[H], const float* sn,
-                                                 int* last) {
+                                                 int* last, float* stage = nullptr) {
     static_assert(FOLD >= 1, "chunks a fold batch");
     if (nc - c0 == 1) {  // the heads' only chunk: the fold is its own sums, no other block's
 #pragma unroll
@@ -474,6 +534,11 @@ __device__ __forceinline__ void publish_and_fold(const AttnArgs& a, int t, int h
         for (int h = 0; h < H; ++h) part(h)[(i64)c * (D + 1) + D] = dc[h];
     }
     if (!last_block(&a.tickets[th], nc - c0, *last)) return;
+    if (stage != nullptr) {
+        fold_staged<D, H>(a, t, h0, c0, nc, stage);
+        if (threadIdx.x == 0) a.tickets[th] = 0;  // ready for the next launch (or replay)
+        return;
+    }
     // the chunks' sums at L2 (other blocks wrote them), FOLD chunks' loads issued together
     // before they are added in chunk order: one L2 latency a batch, not a chunk (64 chunks at
     // depth 16,384). Thread o takes head o / D at dimension o % D (whole warps: H D is a
@@ -659,7 +724,8 @@ template <int D, int FOLD, int H>
 __device__ __forceinline__ void sums_from_scores(const AttnArgs& a, int t, int h0, int g, int c,
                                                  int lo, int p, int c0, int nc,
                                                  const float (&vals)[VPRE_OF(D)], float* se,
-                                                 float* sn, float* red, int* last) {
+                                                 float* sn, float* red, int* last,
+                                                 float* stage) {
     constexpr int VPRE = VPRE_OF(D);
     const float* vbase = a.v + g * D;
     const i64 th = (i64)t * a.n_head + h0;
@@ -667,24 +733,10 @@ __device__ __forceinline__ void sums_from_scores(const AttnArgs& a, int t, int h
 #pragma unroll
     for (int h = 0; h < H; ++h) {
         s[h] = a.scores[((th + h) * gridDim.z + c) * CHUNK + threadIdx.x];
-        m[h] = a.pmax[(th + h) * gridDim.z + c0];
-    }
-    // the max of each head's chunk maxes (exact in any order), FOLD chunks at a time
-    for (int k0 = c0 + 1; k0 < nc; k0 += FOLD) {
-        float mb[H][FOLD];
-#pragma unroll
-        for (int h = 0; h < H; ++h) {
-#pragma unroll
-            for (int j = 0; j < FOLD; ++j) mb[h][j] = a.pmax[(th + h) * gridDim.z + min(k0 + j, nc - 1)];
-        }
-#pragma unroll
-        for (int h = 0; h < H; ++h) {
-#pragma unroll
-            for (int j = 0; j < FOLD; ++j) m[h] = max_nan(m[h], mb[h][j]);
-        }
+        m[h] = chunks_max(a.pmax + (th + h) * gridDim.z, c0, nc);  // (each warp its own)
     }
     chunk_sums<D, VPRE, H>(a, vbase, lo, p, c, s, m, se, sn, red, vals);
-    publish_and_fold<D, FOLD, H>(a, t, h0, c, c0, nc, s, sn, last);
+    publish_and_fold<D, FOLD, H>(a, t, h0, c, c0, nc, s, sn, last, stage);
 }
 
 // grid (n_head, T, chunks of n_ctx), after attention_chunks: where a token sees more than
@@ -699,6 +751,7 @@ template <int D, int MINB = 0, int FOLD = 1, int H = 1, int HC = 0, int EARLY = 
 __global__ void __launch_bounds__(CHUNK, MINB) attention_sums(AttnArgs a) {
     if (!EARLY) pdl_begin();
     __shared__ float se[H * CHUNK], sn[H * D], smem[H * 8 > 32 ? H * 8 : 32];
+    __shared__ float stage[STAGE_FLOATS];  // (the fold's)
     __shared__ int last;
     const int t = blockIdx.y;
     const int p = EARLY ? __ldcg(a.positions + t) : a.positions[t];
@@ -725,9 +778,11 @@ __global__ void __launch_bounds__(CHUNK, MINB) attention_sums(AttnArgs a) {
     if (!live) return;
     if (!EARLY) load_run_v<D>(vals, a.v + g * D, width, first, threadIdx.x % D, p);
     if (together)
-        sums_from_scores<D, FOLD, H>(a, t, h0, g, c, lo, p, c0, nc, vals, se, sn, smem, &last);
+        sums_from_scores<D, FOLD, H>(a, t, h0, g, c, lo, p, c0, nc, vals, se, sn, smem, &last,
+                                     stage);
     else
-        sums_from_scores<D, FOLD, 1>(a, t, h0, g, c, lo, p, c0, nc, vals, se, sn, smem, &last);
+        sums_from_scores<D, FOLD, 1>(a, t, h0, g, c, lo, p, c0, nc, vals, se, sn, smem, &last,
+                                     stage);
 }
 
 // ---- flash decoding's sums a quarter of a chunk a block (heads of 256) --------------------------
@@ -780,8 +835,7 @@ __global__ void __launch_bounds__(CHUNK) attention_quarters(AttnArgs a) {
     const i64 th = (i64)t * a.n_head + h;
     // the quarter's weights and their subtree (threads 0 .. 63: warps 0 and 1)
     if (i < QR) {
-        float m = a.pmax[th * chunks + c0];  // the max of the chunks' maxes (exact)
-        for (int k = c0 + 1; k < nc; ++k) m = max_nan(m, a.pmax[th * chunks + k]);
+        const float m = chunks_max(a.pmax + th * chunks, c0, nc);  // (warps 0 and 1 each)
         const float sc = a.scores[(th * chunks + c) * CHUNK + (gq % 4) * QR + i];
         float e = 0.0f;  // padding: +0.0 literally
         if (seen(first + i, lo, p)) e = p_exp(__fsub_rn(sc, m));
