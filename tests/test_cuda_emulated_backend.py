@@ -178,8 +178,9 @@ def test_switched_fusions_are_bit_exact_in_the_emulator(switch, case, monkeypatc
     assert not any(name.startswith(alone) for name in launched), launched
 
 
-# flash decoding deep in a cache (17 and 37 chunks, the second in a window) with its
-# switches: partials folded 8 chunks at a time, and both kernels' register caps
+# flash decoding deep in a cache (16 chunks seen of 17, and 37 in a window) with its switches:
+# FOLD_BATCH (attention_chunks' fold; attention_sums folds through shared memory) and both
+# kernels' register caps
 DEEP = ["attention-8x2x128-p4000-t1", "attention-window9000-2x1x64-p9500-t1"]
 
 
@@ -205,9 +206,9 @@ def test_flash_decoding_of_heads_of_256_switches_are_bit_exact_in_the_emulator(
     (which start mid-chunk and mid-quarter) and ROPEs among them, bit for bit:
     CHUNKS_SLABS_AHEAD scores a K slab at a time, each next slab's loads issued first, without
     the one-launch path; QUARTER_SUMS makes attention_sums' work a block a quarter of a chunk,
-    the last block adding each chunk's four subtrees in tree order before the fold (on: off,
-    attention_sums' block a chunk). Each with a block's threads run first to last and last to
-    first (a missing barrier shows in one order or the other)."""
+    the last block adding each chunk's four subtrees in tree order before the fold, and with
+    QUARTER_SUMS off attention_sums' block a chunk. Each with a block's threads run first to
+    last and last to first (a missing barrier shows in one order or the other)."""
     launched = _judge_with(case, monkeypatch, reverse=reverse, **{switch: value})
     assert any(n.startswith(kernel) for n, _ in launched), launched
     if switch == "QUARTER_SUMS":  # (the one or the other)
@@ -218,7 +219,7 @@ def test_flash_decoding_of_heads_of_256_switches_are_bit_exact_in_the_emulator(
 @pytest.mark.parametrize("case", DEEP)
 def test_flash_decoding_heads_together_are_bit_exact_in_the_emulator(case, monkeypatch):
     """HEADS_TOGETHER_CHUNKS: the deep token's chunks by a block a KV head for its 4 (heads of
-    128) or 2 query heads, with the fold's batches of 8."""
+    128) or 2 query heads (with FOLD_BATCH=8 in the kernels' names)."""
     launched = _judge_with(case, monkeypatch, FOLD_BATCH=8,
                            HEADS_TOGETHER_CHUNKS={64: 3, 128: 3, 256: 3})  # fmt: skip
     heads = 4 if "x128-" in case else 2

@@ -330,6 +330,43 @@ def test_flash_decoding_loads_before_the_wait_take_row_p_after_it(lib, d, quarte
     assert np.isnan(out).any() or np.isinf(out).any()
 
 
+@pytest.mark.parametrize("d, pos, window, peak", [
+    (64, [4500, 700], 0, 4400),  # 18 chunks: the fold's batches of 16, then 2
+    (64, [4500, 4100], 4200, 4050),  # 17 and 16 chunks from chunk 1: batches past chunk 0
+    (64, [8600], 0, 8500),  # 34 chunks: the max's second pass of lanes, batches 16, 16, 2
+    (256, [2200, 1100], 0, 2100),  # 9 chunks of heads of 256: batches of 4, 4 and 1
+])  # fmt: skip
+def test_flash_decoding_folds_many_chunks_in_batches(lib, d, pos, window, peak) -> None:
+    """attention_sums' fold through shared memory (fold_staged) over more chunks than its stage
+    holds, in windows that start past chunk 0, and the max of the chunks' maxes (max_of_maxes)
+    over more chunks than a warp has lanes, the largest score in a late chunk (row ``peak``'s
+    key along the query): the oracle's bits, the threads in both orders."""
+    pos = np.asarray(pos, np.int32)
+    q, k, v = inputs(13, len(pos), -(-int(pos.max()) // 256) * 256 + 256, 2, 1, d, pos, 4.0)
+    k[300] = k[301]  # (not inputs' one huge score: the largest is row peak's)
+    k[peak, :d] = np.sign(q[0, :d]) * 3.0  # (query head 0 of token 0 scores it highest)
+    scale = float(F32(1 / np.sqrt(d)))
+    want = ops.attention(q, k, v, pos, n_head=2, n_head_kv=1, head_dim=d, scale=scale,
+                         window=window)  # fmt: skip
+    out, *_ = run(lib, "chunks", q, k, v, pos, nh=2, nkv=1, d=d, scale=scale, window=window,
+                  one_launch=0)  # fmt: skip
+    assert out.tobytes() == want.tobytes(), np.argwhere(out.view(np.int32) != want.view(np.int32))
+
+
+def test_flash_decoding_a_nan_score_deep_in_the_cache(lib) -> None:
+    """A NaN key in a row the token sees, in its eleventh chunk: that chunk's max is NaN, so the
+    max of the chunks' maxes is (in every warp, whichever lane loaded it) and every output of
+    the head is NaN, as the oracle's; the other head's outputs keep the oracle's bits."""
+    pos = np.array([3000], np.int32)
+    q, k, v = inputs(14, 1, 3072, 2, 2, 64, pos)
+    k[2600, :64] = np.nan  # (KV head 0: query head 0)
+    scale = float(F32(0.125))
+    want = ops.attention(q, k, v, pos, n_head=2, n_head_kv=2, head_dim=64, scale=scale)
+    out, *_ = run(lib, "chunks", q, k, v, pos, nh=2, nkv=2, d=64, scale=scale, one_launch=0)
+    assert np.isnan(want[0, :64]).all() and np.isnan(out[0, :64]).all()
+    assert out[0, 64:].tobytes() == want[0, 64:].tobytes()
+
+
 def test_all_zero_values_keep_their_sign(lib) -> None:
     """v = -0.0 everywhere: p = 255 gives -0.0, p = 0 and p = 256 give +0.0 (numerics.md)."""
     pos = np.array([0, 255, 256], np.int32)

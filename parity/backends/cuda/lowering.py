@@ -278,7 +278,7 @@ SUMS_MIN_BLOCKS = 0
 # launch: at most CHUNKS_ONE_LAUNCH chunks); 8 issues a batch's loads at once, slower at depths
 # 4,000 and 16,000 when attention_sums' fold took it too (eighth session, H100): 1. Since the
 # twenty-first session attention_sums loads the max of the chunks' maxes a warp's lanes at once
-# (chunks_max) and folds through shared memory, every thread loading (fold_staged): 6-8 % off
+# (max_of_maxes) and folds through shared memory, every thread loading (fold_staged): 6-8 % off
 # SmolLM2's and Qwen's step at depth 4,000 (H100, docs/perf.md).
 FOLD_BATCH = 1
 # ... and a deep token's chunks (seen from this many on, and more than CHUNKS_ONE_LAUNCH) by a

@@ -186,7 +186,7 @@ __device__ __forceinline__ void warp_scores(const float* sq, const float* kbase,
 // lane of the calling warp: lane l loads chunks c0 + l, c0 + l + 32, ..., then the warp's
 // butterfly. One L2 round trip for up to 32 chunks, where a chain of max_nan over them took one a
 // chunk (its NaN test put each load behind the max before it: 15 at depth 4,000).
-__device__ __forceinline__ float chunks_max(const float* pm, int c0, int nc) {
+__device__ __forceinline__ float max_of_maxes(const float* pm, int c0, int nc) {
     float m = -__int_as_float(0x7f800000);
     for (int k = c0 + (int)(threadIdx.x & 31); k < nc; k += 32) m = max_nan(m, pm[k]);
 #pragma unroll
@@ -467,7 +467,8 @@ __device__ __forceinline__ void kv_block(const AttnArgs& a, int& g, int& c) {
 template <int D, int H>
 __device__ __forceinline__ void fold_staged(const AttnArgs& a, int t, int h0, int c0, int nc,
                                             float* stage) {
-    constexpr int ROW = H * (D + 1), FB = STAGE_FLOATS / ROW > 0 ? STAGE_FLOATS / ROW : 1;
+    // (H (D + 1) <= 1032 under lowering.py's GQA_HEADS_MAX and HEADS_WIDTH_MAX: FB >= 1)
+    constexpr int ROW = H * (D + 1), FB = STAGE_FLOATS / ROW;
     constexpr int OUT = (H * D + CHUNK - 1) / CHUNK, LOADS = (FB * ROW + CHUNK - 1) / CHUNK;
     static_assert(ROW <= STAGE_FLOATS, "a chunk's partials in the stage");
     const i64 th = (i64)t * a.n_head + h0;
@@ -733,7 +734,7 @@ __device__ __forceinline__ void sums_from_scores(const AttnArgs& a, int t, int h
 #pragma unroll
     for (int h = 0; h < H; ++h) {
         s[h] = a.scores[((th + h) * gridDim.z + c) * CHUNK + threadIdx.x];
-        m[h] = chunks_max(a.pmax + (th + h) * gridDim.z, c0, nc);  // (each warp its own)
+        m[h] = max_of_maxes(a.pmax + (th + h) * gridDim.z, c0, nc);  // (each warp its own)
     }
     chunk_sums<D, VPRE, H>(a, vbase, lo, p, c, s, m, se, sn, red, vals);
     publish_and_fold<D, FOLD, H>(a, t, h0, c, c0, nc, s, sn, last, stage);
@@ -835,7 +836,7 @@ __global__ void __launch_bounds__(CHUNK) attention_quarters(AttnArgs a) {
     const i64 th = (i64)t * a.n_head + h;
     // the quarter's weights and their subtree (threads 0 .. 63: warps 0 and 1)
     if (i < QR) {
-        const float m = chunks_max(a.pmax + th * chunks, c0, nc);  // (warps 0 and 1 each)
+        const float m = max_of_maxes(a.pmax + th * chunks, c0, nc);  // (warps 0 and 1 each)
         const float sc = a.scores[(th * chunks + c) * CHUNK + (gq % 4) * QR + i];
         float e = 0.0f;  // padding: +0.0 literally
         if (seen(first + i, lo, p)) e = p_exp(__fsub_rn(sc, m));
