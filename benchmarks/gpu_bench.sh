@@ -40,7 +40,11 @@
 #                                        variant a round: the default 4 variants take half a call a
 #                                        model (MODELS=...). DEEP=1: the deep variants instead
 #                                        (flash decoding's switches) at POSITION (4000) in a
-#                                        cache of CTX (4352; 16640 for POSITION=16000)
+#                                        cache of CTX (4352; 16640 for POSITION=16000).
+#                                        A variant tree:DIR runs the parity package in DIR
+#                                        instead (a change with no switch against the tree
+#                                        before it: `git archive HEAD~1 parity | tar -x -C
+#                                        .old`, carried; VARIANTS="tree:.old -")
 #   bash benchmarks/gpu_bench.sh fast    the fast prefill's VARIANTS (as `ab`'s; default:
 #                                        as shipped, the GLU a column a thread, fast
 #                                        attention over three blocks) against each other,
@@ -112,7 +116,8 @@ together="HEADS_TOGETHER_CHUNKS[64]=3 HEADS_TOGETHER_CHUNKS[128]=3"
 # (eleventh session: 64-token GEMM blocks for the deep ungated products, MMA_DEEP_K)
 # (sixteenth session: the decode norms made by their products, NORM_IN_PRODUCT: slower on an
 # H100, off; NORM_AFTER_PRODUCT timed again with its register tail: still slower)
-switches=${SWITCHES:-"NORM_IN_PRODUCT=1 MMA_DEEP_K=4096 MMA_TOKENS=64 MMA_QUANTIZE=1 WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 CHUNKS_SLABS_AHEAD=1 QUARTER_SUMS=1 $together"}
+# (twenty-first session: QUARTER_SUMS on; CHUNKS_SLABS_AHEAD lost its A/B, off)
+switches=${SWITCHES:-"NORM_IN_PRODUCT=1 MMA_DEEP_K=4096 MMA_TOKENS=64 MMA_QUANTIZE=1 WIDE_FIT_ROW=1 FOLD_BATCH=8 CHUNKS_MIN_BLOCKS=2 SUMS_MIN_BLOCKS=2 NORM_DECODE_THREADS=128 MMA_MIN_BLOCKS=3 ARGMAX_IN_HEAD=1 CHUNKS_SLABS_AHEAD=1 $together"}
 all=${switches// /,}
 if [ "${DEEP:-0}" = 1 ]; then  # flash decoding's switches, deep in the cache
   fold=FOLD_BATCH=8; caps=CHUNKS_MIN_BLOCKS=2,SUMS_MIN_BLOCKS=2
@@ -158,7 +163,7 @@ if [ "$stage" = ab ]; then  # (about 17 s a model and variant a round: MODELS=on
   # the deep variants' kernels bit-exact first (CONFORM=0: `verify` did)
   if [ "${DEEP:-0}" = 1 ] && [ "${CONFORM:-1}" = 1 ]; then
     for variant in $variants; do
-      [ "$variant" = - ] && continue
+      [[ $variant == - || $variant == tree:* ]] && continue
       echo "== parity conformance cuda -k attention with $variant"
       timeout 100 python3 benchmarks/with_lowering.py ${variant//,/ } -- -m parity conformance \
         cuda -k attention 2>&1 | tail -1
@@ -169,7 +174,9 @@ if [ "$stage" = ab ]; then  # (about 17 s a model and variant a round: MODELS=on
       for variant in $variants; do
         echo "== round $round $m $variant"
         [ "$variant" = - ] && variant=
-        timeout 60 python3 benchmarks/with_lowering.py ${variant//,/ } -- \
+        tree=/tmp/site  # (tree:DIR: DIR's package first on the path, no switch)
+        [[ $variant == tree:* ]] && tree=${variant#tree:}:/tmp/site && variant=
+        PYTHONPATH=$tree timeout 60 python3 benchmarks/with_lowering.py ${variant//,/ } -- \
           benchmarks/bench_gpu_steps.py /tmp/$m.gguf --ctx "${CTX:-4352}" --position "${POSITION:-100}" --runs 100 \
           --profile 2>&1 | tail -4
       done
