@@ -29,6 +29,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--position", type=int, default=100)
     ap.add_argument(
+        "--reach",
+        type=int,
+        default=0,
+        help="the decode graph's GraphParams.reach (a session's below its SHALLOW_REACH: "
+        "flash decoding sized to it, not to --ctx; 0: none); the positions stay below it",
+    )
+    ap.add_argument(
         "--profile",
         action="store_true",
         help="time every kernel of a step (under programmatic dependent launch a kernel starts "
@@ -74,7 +81,9 @@ def main() -> None:
     import torch
 
     rt = model.runtime
-    graph = model.graphs(GraphParams(n_tokens=1, n_ctx=args.ctx, output="argmax"))
+    if args.reach and args.position + 8 > args.reach:
+        raise SystemExit(f"--position {args.position} (+7) is not below --reach {args.reach}")
+    graph = model.graphs(GraphParams(n_tokens=1, n_ctx=args.ctx, output="argmax", reach=args.reach))
     step = rt.step(graph, ())
     backend = model.backends[0]
     splits = step._splits

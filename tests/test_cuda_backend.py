@@ -209,3 +209,27 @@ def test_fast_products_on_the_tensor_cores_keep_their_tiers_and_capture(half, mo
     assert all(r.tobytes() == runs[0].tobytes() for r in runs)
     assert torch.get_float32_matmul_precision() == before
     assert torch.backends.cuda.matmul.allow_tf32 == (before != "highest")  # (not mixed: no raise)
+
+
+def test_a_session_decodes_across_the_shallow_reach_as_the_oracle_does(model, monkeypatch):
+    """With SHALLOW_REACH at 512, greedy decoding from position 500 to 524 on the GPU (captured
+    decode graphs, two taking turns: the shallow ones, whose flash decoding is sized to the
+    reach, then the deep ones from 512), then a sampled step: the tokens and the logits the
+    cpu oracle's session gives."""
+    from parity.arch.decoder import DecoderGraphs
+    from parity.generation import session as sessions
+
+    monkeypatch.setattr(sessions, "SHALLOW_REACH", 512)
+    _, spec, weights = model
+    prompt = [int(t) for t in np.random.default_rng(2).integers(0, spec.n_vocab, 500)]
+
+    def decode(backend) -> tuple[list[int], np.ndarray]:
+        session = sessions.Session(Runtime([backend], weights), DecoderGraphs(spec), 1024)
+        tokens = [session.prefill(prompt, greedy=True)]
+        for _ in range(24):
+            tokens.append(session.step(tokens[-1], greedy=True))
+        assert session.decode_graph(True, 500) != session.decode_graph(True, 520)
+        return tokens, session.step(tokens[-1], greedy=False).copy()
+
+    got, want = decode(cuda()), decode(cpu())
+    assert got[0] == want[0] and got[1].tobytes() == want[1].tobytes()

@@ -1025,3 +1025,46 @@ def test_fast_attention_is_within_its_tier_in_the_emulator(
     launched = [name for name, _ in launched]
     d = int(case.split("-")[-3].split("x")[-1])  # (heads of 256: one group a block)
     assert (f"attention_fast<{d}, {groups if d == 64 else 1}>" in launched) == fast, launched
+
+
+def test_a_shallow_decode_step_sizes_flash_decoding_to_its_reach(monkeypatch) -> None:
+    """A decode graph with GraphParams.reach (a session's below its SHALLOW_REACH) launches
+    attention_chunks over the chunks below the reach alone: one launch where it holds 2
+    chunks or fewer, no attention_sums; the step bit-identical to the cpu oracle's. A position
+    at or past the reach traps (the launch fails) rather than leaving its chunks out."""
+    import numpy as np
+    from cuda_emulator import EmulatorError
+    from cuda_emulator.backend import EmulatedDriver
+
+    from parity.arch.decoder import DecoderGraphs, graph_inputs
+    from parity.arch.params import GraphParams
+    from parity.arch.synthetic import synthetic_model, tiny_spec
+    from parity.backends.cpu.backend import CpuBackend
+    from parity.core.backend import Device
+    from parity.core.runtime import Runtime
+
+    spec, weights = synthetic_model(tiny_spec("qwen2", n_ctx_train=2048), seed=5)
+    graphs = DecoderGraphs(spec)
+    prefill = graphs(GraphParams(n_tokens=40, n_ctx=2048, output="logits"))
+    graph = graphs(GraphParams(n_tokens=1, n_ctx=2048, output="logits", reach=512))
+    grids: list[tuple[str, tuple[int, ...]]] = []
+    launch = EmulatedDriver.launch
+
+    def recorded(self, made, stream):
+        grids.append((self.library.kernel(made.fn)[1].split("<")[0], made.grid))
+        launch(self, made, stream)
+
+    monkeypatch.setattr(EmulatedDriver, "launch", recorded)
+    cuda = Runtime([_backend()], weights)
+    cpu = Runtime([CpuBackend(Device("cpu"))], weights)
+    prompt = graph_inputs(np.arange(40) * 7 % 500 + 1, 260)  # (cache rows 260 .. 299)
+    for rt in (cuda, cpu):
+        rt.run(prefill, prompt)
+    grids.clear()
+    inputs = graph_inputs(np.array([7]), 300)  # (chunks 0 and 1, folded in the one launch)
+    got, want = (rt.run(graph, inputs)[graph.outputs[0]] for rt in (cuda, cpu))
+    assert got.tobytes() == want.tobytes()
+    attention = [(name, grid) for name, grid in grids if name.startswith("attention_")]
+    assert attention and all(n == "attention_chunks" and g[2] == 2 for n, g in attention), grids
+    with pytest.raises(EmulatorError, match="__trap"):
+        cuda.run(graph, graph_inputs(np.array([7]), 512))

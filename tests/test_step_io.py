@@ -563,7 +563,7 @@ def test_decode_is_captured_verified_and_replayed(model_file):
     got = model.generate("abc", max_tokens=12, temperature=0, ignore_eos=True).complete()
     ref = want.generate("abc", max_tokens=12, temperature=0, ignore_eos=True).complete()
     assert got.tokens == ref.tokens and backend.replays >= 8
-    decode = model.session.decode_graphs[True]
+    decode = model.session.decode_graph(True, 0)
     assert model.runtime.capture_status(decode) == [""]
 
 
@@ -604,7 +604,7 @@ def test_verify_checks_a_capture_on_the_next_steps_inputs(model):
 
 def test_a_released_step_cannot_run_and_a_session_renews_its_steps(model):
     session = session_on(CpuBackend(Device("cpu")), model)
-    old = session._decode[True]
+    old = session._decode[(True, 0)]
     token = session.prefill([1, 2, 3], greedy=True)
     session.runtime.clear_states()  # e.g. to change the context size
     with pytest.raises(BackendError, match="this step was released"):
@@ -615,7 +615,7 @@ def test_a_released_step_cannot_run_and_a_session_renews_its_steps(model):
     fresh = session_on(CpuBackend(Device("cpu")), model)
     ref = [fresh.prefill([1, 2, 3], greedy=True)]
     ref.append(fresh.step(ref[-1], greedy=True))
-    assert got == ref and token == ref[0] and session._decode[True] is not old
+    assert got == ref and token == ref[0] and session._decode[(True, 0)] is not old
 
 
 def test_run_feeds_every_given_input_from_the_host(model):
@@ -673,3 +673,46 @@ def test_an_input_nothing_reads_is_accepted(model):
         graph, {"x": np.ones((2, 4), np.float32), "unused": np.zeros(2, np.int32)}
     )
     assert out[graph.outputs[0]].tolist() == [[2.0] * 4] * 2
+
+
+@pytest.mark.parametrize("queued", [False, True])
+def test_decode_across_the_shallow_reach_switches_graphs_and_keeps_the_tokens(
+    model, queued, monkeypatch
+):
+    """With SHALLOW_REACH set, a session's decode steps at positions below it run graphs that
+    promise so (GraphParams.reach); from there on the ones without. Greedy decoding across the
+    switch (``queued``: with two steps started ahead, the first deep one fed on the device by
+    the last shallow one) and a sampled step after it give the tokens and logits of a session
+    without the shallow graphs, and each graph ran where it should."""
+    from parity.generation import session as sessions
+
+    monkeypatch.setattr(sessions, "SHALLOW_REACH", 24)
+
+    def decode(session: Session) -> tuple[list[int], np.ndarray]:
+        tokens = _greedy(session, list(range(1, 20)), 10)  # positions 19 .. 28, across 24
+        return tokens, session.step(tokens[-1], greedy=False).copy()
+
+    backend = Queued() if queued else CpuBackend(Device("cpu"))
+    session = session_on(backend, model)
+    got = decode(session)
+    assert set(session.decode_graphs) == {(g, r) for g in (False, True) for r in (24, 0)}
+    shallow, deep = session.decode_graph(True, 23), session.decode_graph(True, 24)
+    reaches = [{n.arg.reach for n in g.nodes if n.op is Op.ATTENTION} for g in (shallow, deep)]
+    assert reaches == [{24}, {0}]
+    assert len(session.greedy_steps) == (4 if queued else 2)
+    for graph in (shallow, deep):
+        session.runtime.capture_status(graph)  # (raises for a graph that never ran)
+    assert len(sessions.session_graphs(session.graphs, N_CTX)) == 6
+    monkeypatch.setattr(sessions, "SHALLOW_REACH", 0)  # (no shallow graphs)
+    plain = session_on(CpuBackend(Device("cpu")), model)
+    assert set(plain.decode_graphs) == {(False, 0), (True, 0)}
+    want = decode(plain)
+    assert got[0] == want[0] and got[1].tobytes() == want[1].tobytes()
+
+
+def test_a_reach_must_cover_the_step():
+    GraphParams(n_tokens=1, n_ctx=64, reach=64)
+    with pytest.raises(ValueError, match="reach"):
+        GraphParams(n_tokens=8, n_ctx=64, reach=4)
+    with pytest.raises(ValueError, match="reach"):
+        GraphParams(n_tokens=1, n_ctx=64, reach=65)

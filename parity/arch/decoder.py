@@ -212,7 +212,12 @@ def build_decoder(spec: DecoderSpec, params: GraphParams) -> Graph:
     scale = float(np.float32(1.0 / math.sqrt(spec.head_dim)))
     attn = {
         local: AttentionArg(
-            spec.n_head, spec.n_head_kv, spec.head_dim, scale, spec.window if local else 0
+            spec.n_head,
+            spec.n_head_kv,
+            spec.head_dim,
+            scale,
+            spec.window if local else 0,
+            params.reach,
         )
         for local in (False, True)
     }

@@ -26,6 +26,10 @@ class GraphParams:
     # which sequence's KV cache the step reads and writes (a server's slots): slot 0's caches
     # are named cache.k.L / cache.v.L, slot s's slot{s}.cache.k.L
     slot: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    # > 0: every position the step computes is below this (a shallow decode step's promise,
+    # which the session keeps by switching graphs as the sequence grows), so a backend may size
+    # its attention launches to it rather than to n_ctx; 0: any position up to n_ctx - 1
+    reach: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
     @property
     def cache_prefix(self) -> str:
@@ -36,3 +40,5 @@ class GraphParams:
             raise ValueError(f"n_out ({self.n_out}) exceeds n_tokens ({self.n_tokens})")
         if self.n_tokens > self.n_ctx:
             raise ValueError(f"n_tokens ({self.n_tokens}) exceeds the context n_ctx ({self.n_ctx})")
+        if self.reach and not self.n_tokens <= self.reach <= self.n_ctx:
+            raise ValueError(f"reach ({self.reach}) must be 0 or in n_tokens..n_ctx")

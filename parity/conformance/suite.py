@@ -190,12 +190,14 @@ def _attention(
     window: int = 0,
     special: bool = True,
     rope: tuple[str, int] | None = None,
+    reach: int = 0,
 ):
     """Tokens at positions start..start+t-1 attend over a cache whose earlier rows hold
     history and whose later rows hold SENTINEL; with a sliding ``window``, so do the rows
     before the first one any of the tokens reads. ``special``: values hold SPECIAL too.
     ``rope`` (mode, n_rot): the new k and q rotated first, as a decoder's layer does (a
-    backend may launch the ROPEs and KV_WRITEs as one)."""
+    backend may launch the ROPEs and KV_WRITEs as one). ``reach``: AttentionArg's (a shallow
+    decode step's promise that every position is below it)."""
 
     def make(g: _Builder) -> Ref:
         width = n_kv * head_dim
@@ -223,7 +225,7 @@ def _attention(
         if rope:
             q = g.op(Op.ROPE, q, pos, cos, sin, arg=RopeArg(n_head, head_dim, n_rot, mode))
         scale = float(np.float32(1 / np.sqrt(head_dim)))
-        arg = AttentionArg(n_head, n_kv, head_dim, scale, window)
+        arg = AttentionArg(n_head, n_kv, head_dim, scale, window, reach)
         return g.op(Op.ATTENTION, q, kc, vc, pos, arg=arg)
 
     return make
@@ -613,6 +615,13 @@ def op_suite() -> list[CaseSpec]:
     # Gemma 3's heads of 256, decode in a chunk filled to the middle of a batch of V rows
     specs.append(_spec("attention-4x1x256-p100-t2", Op.ATTENTION, F32,
                        _attention(4, 1, 256, 100, 2, 640)))  # fmt: skip
+    # a shallow decode step's attention (GraphParams.reach: every position below 512) in a
+    # cache of 17 chunks: the three models' heads, one chunk and two, Gemma 3's window
+    for heads, start, window in (((9, 3, 64), 300, 0), ((14, 2, 64), 100, 0),
+                                 ((4, 1, 256), 511, 0), ((4, 1, 256), 400, 100)):  # fmt: skip
+        name = "x".join(map(str, heads))
+        specs.append(_spec(f"attention-reach512-window{window}-{name}-p{start}-t1", Op.ATTENTION,
+                           F32, _attention(*heads, start, 1, 4352, window, reach=512)))  # fmt: skip
     # heads of 128 (no model here has them): decode over 3 chunks (one launch on a GPU) and 17
     # (the scores through scratch)
     for start, t, n_ctx in ((511, 2, 640), (4000, 1, 4352)):

@@ -115,6 +115,9 @@ class AttentionArg:
     head_dim: int
     scale: float  # exactly representable in float32
     window: int = 0  # > 0: a token at p reads positions p - window + 1 .. p (sliding window)
+    # > 0: every token's position is below this (GraphParams.reach, which the caller keeps), so
+    # a backend may size its launches to it; the values are the same either way
+    reach: int = 0
 
 
 @attrs.frozen(cache_hash=True)

@@ -39,16 +39,33 @@ from parity.errors import ContextLengthError, InputError
 
 DEFAULT_BATCH = 512  # prefill tokens per graph
 LOOK_AHEAD = 2  # greedy decode steps queued at once where the backends queue (two take turns)
+# decode steps at positions below this run graphs of their own that promise so
+# (GraphParams.reach), where the cache holds more: a backend sizes its attention to the reach
+# (the cuda backend's flash decoding: 2 chunks of 256 positions and one launch where n_ctx's
+# 4,096 take 16 and two). 0: one set of decode graphs for every position. Off until a GPU times
+# the switch at a session's default context (docs/perf.md, twenty-first session)
+SHALLOW_REACH = 0
 INT32 = (-(2**31), 2**31 - 1)
 
 
+def decode_reaches(n_ctx: int) -> tuple[int, ...]:
+    """The reaches of a session's decode graphs (GraphParams.reach): SHALLOW_REACH's where the
+    cache holds more positions, and 0 (any position)."""
+    return (SHALLOW_REACH, 0) if 0 < SHALLOW_REACH < n_ctx else (0,)
+
+
 def session_graphs(graphs: DecoderGraphs, n_ctx: int, n_batch: int = DEFAULT_BATCH) -> list:
-    """The graphs a session runs most (the two decode steps, a full prefill chunk): what a
-    model registers its weights for at load."""
+    """The graphs a session runs most (the decode steps, a full prefill chunk): what a model
+    registers its weights for at load."""
     n_batch = min(n_batch, n_ctx)
-    return [
-        graphs(GraphParams(n_tokens=n, n_ctx=n_ctx, n_out=1, output=output))
-        for n, output in ((1, "argmax"), (1, "logits"), (n_batch, "argmax"), (n_batch, "logits"))
+    decode = [
+        graphs(GraphParams(n_tokens=1, n_ctx=n_ctx, n_out=1, output=output, reach=reach))
+        for reach in decode_reaches(n_ctx)
+        for output in ("argmax", "logits")
+    ]
+    return decode + [
+        graphs(GraphParams(n_tokens=n_batch, n_ctx=n_ctx, n_out=1, output=output))
+        for output in ("argmax", "logits")
     ]
 
 
@@ -85,7 +102,14 @@ class Session:
         self._ids_held = np.zeros(n_ctx, np.int32)  # what the cache holds, position by position
         self.n_tokens = 0  # positions the cache holds
         self.reused = 0  # prompt tokens the last prefill took from the cache
-        self.decode_graphs = {g: graphs(self._graph_params(1, 1, g)) for g in (False, True)}
+        # the decode graphs by (greedy, reach): below SHALLOW_REACH those that promise it, and
+        # those of any position (reach 0)
+        self._reaches = decode_reaches(n_ctx)
+        self.decode_graphs = {
+            (g, r): graphs(self._graph_params(1, 1, g, r))
+            for g in (False, True)
+            for r in self._reaches
+        }
         self._last_step: Step | None = None  # the greedy step whose ARGMAX is on the device
         self._last_token = -1  # and that ARGMAX, as read back
         self.look_ahead = look_ahead
@@ -96,22 +120,40 @@ class Session:
         self._make_steps()
 
     def _make_steps(self) -> None:
-        """The decode steps (a second greedy one where the backends queue: they take turns),
-        what each keeps on the device, and who feeds it."""
-        rt, graph = self.runtime, self.decode_graphs[True]
-        self._decode = {g: rt.step(graph, pin=True) for g, graph in self.decode_graphs.items()}
-        first = self._decode[True]
-        self._greedy = (first, rt.step(graph, pin=True, copy=1)) if first.queues else (first,)
-        steps = (self._decode[False], *self._greedy)
+        """The decode steps of each reach (a second greedy one where the backends queue: they
+        take turns), what each keeps on the device, and who feeds it."""
+        rt = self.runtime
+        self._decode = {m: rt.step(graph, pin=True) for m, graph in self.decode_graphs.items()}
+        self._pairs: dict[int, tuple[Step, ...]] = {}  # the greedy steps of a reach
+        for r in self._reaches:
+            first = self._decode[(True, r)]
+            copy = rt.step(first.graph, pin=True, copy=1) if first.queues else None
+            self._pairs[r] = (first, copy) if copy is not None else (first,)
+        self._pair_of = {step: pair for pair in self._pairs.values() for step in pair}
+        copies = [pair[1] for pair in self._pairs.values() if len(pair) > 1]
+        steps = (*self._decode.values(), *copies)
         self._next_position = dict.fromkeys(steps, -1)  # what each keeps on the device
         self._advance = dict.fromkeys(steps, 0)  # ... and how far it moves a run
         self._fed_from: dict[Step, Step | None] = dict.fromkeys(steps)
 
+    def _reach(self, position: int) -> int:
+        """The reach of the decode graphs a step at ``position`` runs."""
+        return self._reaches[0] if position < self._reaches[0] else 0
+
+    def decode_graph(self, greedy: bool, position: int):
+        """The graph a decode step at ``position`` runs."""
+        return self.decode_graphs[(greedy, self._reach(position))]
+
+    def greedy_pair(self, position: int) -> tuple[Step, ...]:
+        """The greedy decode steps at ``position``: the step, and where the backends queue its
+        second copy (they take turns)."""
+        return self._pairs[self._reach(position)]
+
     @property
     def greedy_steps(self) -> tuple[Step, ...]:
-        """The greedy decode step, and where the backends queue its second copy (they take
-        turns): what a benchmark warms up and whose captures it reports."""
-        return self._greedy
+        """Every greedy decode step (each reach's step and second copy): what a benchmark warms
+        up."""
+        return tuple(step for pair in self._pairs.values() for step in pair)
 
     @property
     def tokens(self) -> np.ndarray:
@@ -157,9 +199,11 @@ class Session:
             raise InputError(f"token ids must be a flat sequence of ints in 0..{self.n_vocab - 1}")
         return ids.astype(np.int32)
 
-    def _graph_params(self, n: int, n_out: int, greedy: bool) -> GraphParams:
+    def _graph_params(self, n: int, n_out: int, greedy: bool, reach: int = 0) -> GraphParams:
         output = "argmax" if greedy else "logits"
-        return GraphParams(n_tokens=n, n_ctx=self.n_ctx, n_out=n_out, output=output, slot=self.slot)
+        return GraphParams(
+            n_tokens=n, n_ctx=self.n_ctx, n_out=n_out, output=output, slot=self.slot, reach=reach
+        )
 
     def _run(self, tokens: np.ndarray, start: int, n_out: int, greedy: bool) -> Step:
         step = self.runtime.step(self.graphs(self._graph_params(len(tokens), n_out, greedy)))
@@ -218,11 +262,12 @@ class Session:
             step = ahead.pop(0)  # started ahead at ``pos``, fed ``token`` on the device
         else:
             self._settle()
-            step = self._decode[greedy]
+            mode = (greedy, self._reach(pos))
+            step = self._decode[mode]
             if step.released:  # the runtime cleared its states: its steps are new ones now
                 self._make_steps()
                 self._last_step = None
-                step = self._decode[greedy]
+                step = self._decode[mode]
             source = self._last_step if greedy and self._last_token == token else None
             self._start(step, pos, token, source)
         step.finish()
@@ -251,7 +296,8 @@ class Session:
                 raise InputError(f"token id {token} is outside the vocabulary of {self.n_vocab}")
             step.inputs["tokens"][0] = token
         # (the greedy steps take turns where they look ahead: each position advances by two)
-        advance = len(self._greedy) if self.look_ahead and step in self._greedy else 1
+        pair = self._pair_of.get(step)  # (a sampled step: none)
+        advance = len(pair) if self.look_ahead and pair is not None else 1
         if self._next_position[step] != pos or self._advance[step] != advance:
             step.inputs["positions"][0] = pos  # the device holds another position: set it
             step.keep("positions", advance=advance)
@@ -266,15 +312,15 @@ class Session:
         The two copies take turns: a step is never started while it is in flight, nor while
         its ARGMAX is still to be copied into the step after it (the copy is queued before
         the restart, and the stream keeps the order)."""
-        if not self.look_ahead or len(self._greedy) < 2:
+        if not self.look_ahead or len(self._pairs[0]) < 2:
             return
         ahead = self._ahead
-        while len(ahead) < min(LOOK_AHEAD, len(self._greedy)):
+        while len(ahead) < min(LOOK_AHEAD, len(self._pairs[0])):
             pos = self.n_tokens + len(ahead)
             source = ahead[-1] if ahead else self._last_step
             if pos >= self.n_ctx or source is None:
                 return
-            first, second = self._greedy
+            first, second = self.greedy_pair(pos)  # (another reach's from SHALLOW_REACH on)
             step = second if first is source or first in ahead else first
             if step.released or step in ahead:
                 return

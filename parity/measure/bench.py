@@ -19,6 +19,7 @@ import numpy as np
 from parity.core.runtime import CAPTURE_AFTER_RUNS
 
 if TYPE_CHECKING:
+    from parity.core.runtime import Step
     from parity.model import Model
 
 
@@ -57,10 +58,21 @@ def bench(
         return gen.stats.prefill_s, gen.stats.step_s
 
     # the warm-up decodes past the step that captures and the one that verifies the capture,
-    # of each of the session's greedy decode steps (two copies take turns where it queues)
-    copies = model.session.greedy_steps
-    cold_ttft, _ = once(len(copies) * (CAPTURE_AFTER_RUNS + 3))
+    # of each of the session's greedy decode steps (two copies take turns where it queues),
+    # and where the measured run crosses the session's SHALLOW_REACH (its decode graphs change
+    # there), through every position it reaches
+    session = model.session
+    last = prompt_tokens + gen_tokens - 2  # (the last decode step's position)
+
+    def used() -> tuple[Step, ...]:  # the greedy decode steps the run takes
+        first, then = session.greedy_pair(prompt_tokens), session.greedy_pair(last)
+        return first if first is then else first + then
+
+    crosses = session.greedy_pair(prompt_tokens) is not session.greedy_pair(last)
+    warm = len(used()) * (CAPTURE_AFTER_RUNS + 3)
+    cold_ttft, _ = once(max(warm, gen_tokens) if crosses else warm)
     ttft, steps = once(gen_tokens)
+    copies = used()
     decode_s = sum(steps)
     return BenchResult(
         model=model.name,

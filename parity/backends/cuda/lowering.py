@@ -249,6 +249,12 @@ TILE_SCORES_BYTES = 32 << 20
 # always take the two launches: the one-launch kernel spills at 256, and the two were faster on
 # the Gemma 3 twin even at depth 100 (docs/perf.md)
 CHUNKS_ONE_LAUNCH = {64: 2, 128: 2, 256: 0}
+# ... over the chunks below a graph's reach (GraphParams.reach: a session's decode steps below
+# its SHALLOW_REACH, generation/session.py), not n_ctx's: at n_ctx 4,352 below 512 positions, 2
+# chunks and one launch (heads of 64) where 17 took two, the second with nothing to do (6.8 % of
+# SmolLM2's step, 4.8 % of Qwen's at depth 100, H100, twenty-first session, docs/perf.md). A
+# position at or past the reach traps. Off: every graph's launches sized to n_ctx (for A/B)
+DECODE_REACH = True
 # ... and where it is 0 (every token's scores through scratch), attention_chunks without the
 # one-launch path (no V values held: 128 registers at heads of 256, not 255) and its K slabs a
 # slab at a time, each next slab's loads issued before the current one is scored, where the
@@ -1108,7 +1114,8 @@ class Lowering:
         a.oq, a.od, a.os = (pointer(p).value for p in (oq, od, os_))
         a.n_head, a.n_head_kv, a.n_ctx, a.scale = arg.n_head, arg.n_head_kv, n_ctx, arg.scale
         a.window = arg.window
-        chunks = -(-n_ctx // 256)
+        reach = arg.reach if DECODE_REACH else 0  # (every position below it: its chunks do)
+        chunks = -(-(reach or n_ctx) // 256)
         seen = chunks if not arg.window else min(chunks, -(-(arg.window - 1) // 256) + 1)
         flash = d == 64 or (d == 256 and FAST_ATTENTION_WIDE)  # (attention_fast's heads)
         if self.fast and FAST_ATTENTION and t > SPLIT_TOKENS and flash:

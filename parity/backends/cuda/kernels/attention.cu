@@ -628,6 +628,7 @@ __global__ void __launch_bounds__(CHUNK, MINB) attention_chunks(AttnArgs a) {
     const int t = blockIdx.y;
     const int p = EARLY ? __ldcg(a.positions + t) : a.positions[t];
     const int lo = window_lo(a, p), c0 = lo / CHUNK, nc = p / CHUNK + 1;
+    if (nc > (int)gridDim.z) __trap();  // a position past the chunks launched (GraphParams.reach)
     if (H > 1 && heads_together<HC>(a, c0, nc)) {
         if (EARLY) pdl_begin();
         int g, c;
@@ -757,6 +758,7 @@ __global__ void __launch_bounds__(CHUNK, MINB) attention_sums(AttnArgs a) {
     const int t = blockIdx.y;
     const int p = EARLY ? __ldcg(a.positions + t) : a.positions[t];
     const int lo = window_lo(a, p), c0 = lo / CHUNK, nc = p / CHUNK + 1;
+    if (nc > (int)gridDim.z) __trap();  // (as attention_chunks)
     const bool deep = nc - c0 > a.chunks_one_launch;  // (else attention_chunks did)
     const bool together = H > 1 && deep && heads_together<HC>(a, c0, nc);
     int g, c, h0;
@@ -813,6 +815,7 @@ __global__ void __launch_bounds__(CHUNK) attention_quarters(AttnArgs a) {
     const int chunks = gridDim.z / 4, c = gq / 4;
     const int p = EARLY ? __ldcg(a.positions + t) : a.positions[t];
     const int lo = window_lo(a, p), c0 = lo / CHUNK, nc = p / CHUNK + 1;
+    if (nc > chunks) __trap();  // (as attention_chunks)
     const int qa = lo / QR, qb = p / QR;  // the quarters holding a slot of lo .. p
     const bool deep = nc - c0 > a.chunks_one_launch;  // (else attention_chunks did: none, as
                                                        // the lowering launches it, at 0)
