@@ -682,15 +682,21 @@ def test_decode_across_the_shallow_reach_switches_graphs_and_keeps_the_tokens(
     """With SHALLOW_REACH set, a session's decode steps at positions below it run graphs that
     promise so (GraphParams.reach); from there on the ones without. Greedy decoding across the
     switch (``queued``: with two steps started ahead, the first deep one fed on the device by
-    the last shallow one) and a sampled step after it give the tokens and logits of a session
-    without the shallow graphs, and each graph ran where it should."""
+    the last shallow one) and a sampled step after it, then back below the reach (a prompt that
+    reuses 21 cached tokens; a reset and a prompt of 23: the shallow steps' positions set
+    again) give the tokens and logits of a session without the shallow graphs; each graph ran
+    where it should (a shallow graph run at or past its reach is refused: the host checks)."""
     from parity.generation import session as sessions
 
     monkeypatch.setattr(sessions, "SHALLOW_REACH", 24)
 
     def decode(session: Session) -> tuple[list[int], np.ndarray]:
         tokens = _greedy(session, list(range(1, 20)), 10)  # positions 19 .. 28, across 24
-        return tokens, session.step(tokens[-1], greedy=False).copy()
+        logits = session.step(tokens[-1], greedy=False).copy()
+        tokens += _greedy(session, list(range(1, 20)) + tokens[:3], 6)  # (reuses 21: 22 .. 27)
+        session.reset()
+        tokens += _greedy(session, list(range(2, 25)), 4)  # 23 .. 26
+        return tokens, logits
 
     backend = Queued() if queued else CpuBackend(Device("cpu"))
     session = session_on(backend, model)
@@ -702,6 +708,8 @@ def test_decode_across_the_shallow_reach_switches_graphs_and_keeps_the_tokens(
     assert len(session.greedy_steps) == (4 if queued else 2)
     for graph in (shallow, deep):
         session.runtime.capture_status(graph)  # (raises for a graph that never ran)
+    if queued:  # the deep steps fed on the device, the first by the last shallow one
+        assert all(session._fed_from[step] is not None for step in session.greedy_pair(24))
     assert len(sessions.session_graphs(session.graphs, N_CTX)) == 6
     monkeypatch.setattr(sessions, "SHALLOW_REACH", 0)  # (no shallow graphs)
     plain = session_on(CpuBackend(Device("cpu")), model)
@@ -710,9 +718,17 @@ def test_decode_across_the_shallow_reach_switches_graphs_and_keeps_the_tokens(
     assert got[0] == want[0] and got[1].tobytes() == want[1].tobytes()
 
 
-def test_a_reach_must_cover_the_step():
+def test_a_reach_must_cover_the_step(model):
+    """GraphParams.reach covers the step's tokens and lies within the context; a graph run at a
+    position at or past its reach is refused on the host (a GPU kernel would trap)."""
     GraphParams(n_tokens=1, n_ctx=64, reach=64)
     with pytest.raises(ValueError, match="reach"):
         GraphParams(n_tokens=8, n_ctx=64, reach=4)
     with pytest.raises(ValueError, match="reach"):
         GraphParams(n_tokens=1, n_ctx=64, reach=65)
+    spec, weights = model
+    graph = DecoderGraphs(spec)(GraphParams(n_tokens=1, n_ctx=N_CTX, output="argmax", reach=24))
+    runtime = Runtime([CpuBackend(Device("cpu"))], weights)
+    runtime.run(graph, graph_inputs(np.array([3]), 23))
+    with pytest.raises(InputError, match="below 24 this graph reaches"):
+        runtime.run(graph, graph_inputs(np.array([3]), 24))

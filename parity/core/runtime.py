@@ -65,7 +65,8 @@ class Bound:
 
 def input_bounds(graph: Graph) -> dict[str, Bound]:
     """Per INPUT leaf, the range its values must lie in, from the ops that read them: ids a
-    table's rows, positions the RoPE tables, the KV caches and what attention reads."""
+    table's rows, positions the RoPE tables, the KV caches and what attention reads (below a
+    graph's reach, AttentionArg.reach, where it has one)."""
     indexes = {  # op -> (source read as indices, source whose rows they index, what)
         Op.GET_ROWS: (1, 0, "the {rows} rows of {table}: the vocabulary"),
         Op.ROPE: (1, 2, "the {rows} positions of the RoPE tables"),
@@ -83,6 +84,9 @@ def input_bounds(graph: Graph) -> dict[str, Bound]:
         rows = graph.nodes[node.src[table]]
         known = bounds.get(src.arg, Bound())
         limit = rows.shape[0]
+        reach = node.arg.reach if node.op is Op.ATTENTION else 0
+        if reach and reach < limit:  # (a shallow decode graph's promise: GraphParams.reach)
+            limit, what = reach, "the positions below {rows} this graph reaches (its reach)"
         if known.limit is None or limit < known.limit:
             text = what.format(table=rows.arg or f"%{node.src[table]}", rows=limit)
             known = Bound(limit, known.distinct, text)
@@ -498,6 +502,11 @@ class Step:
     def capture_status(self) -> list[str]:
         """Per split: "" if captured, else why it runs eagerly."""
         return [s.reason for s in self._splits]
+
+    @property
+    def runs(self) -> int:
+        """How many times this step has run."""
+        return self._splits[0].runs if self._splits else 0
 
     def release(self) -> None:
         """Free what the backends made for this step; it cannot run again."""

@@ -23,7 +23,9 @@ way (a different token, logits, a new prompt), the steps started ahead are waite
 dropped: the KV rows they wrote lie past the tokens the cache holds, so nothing reads them, and
 the next steps at those positions overwrite them. A generation that ends (an end-of-generation
 token, its length) leaves its two steps ahead to run on: two steps of device time, waited for
-by the session's next call.
+by the session's next call. With SHALLOW_REACH set, the decode steps below it are graphs of
+their own (GraphParams.reach), with a pair of greedy steps of their own: the first step past it
+is fed on the device by the last one below it.
 """
 
 from __future__ import annotations

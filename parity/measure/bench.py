@@ -19,7 +19,6 @@ import numpy as np
 from parity.core.runtime import CAPTURE_AFTER_RUNS
 
 if TYPE_CHECKING:
-    from parity.core.runtime import Step
     from parity.model import Model
 
 
@@ -36,7 +35,9 @@ class BenchResult:
     step_ms: float  # median of the steps after the first
     cold_ttft_ms: float
     load_s: float
-    # per split of the greedy decode step: "" when it replays a captured graph, else why not
+    # per split of each greedy decode step the measured run took (the copies that take turns,
+    # and past a session's SHALLOW_REACH the deeper ones): "" when it replays a captured graph,
+    # else why not
     decode_capture: list[str] = attrs.Factory(list)
 
     def to_dict(self) -> dict:
@@ -58,21 +59,21 @@ def bench(
         return gen.stats.prefill_s, gen.stats.step_s
 
     # the warm-up decodes past the step that captures and the one that verifies the capture,
-    # of each of the session's greedy decode steps (two copies take turns where it queues),
-    # and where the measured run crosses the session's SHALLOW_REACH (its decode graphs change
-    # there), through every position it reaches
+    # of each of the session's greedy decode steps (two copies take turns where it queues).
+    # Where the run crosses the session's SHALLOW_REACH (its decode graphs change there) the
+    # steps of either side run over that side's positions alone: the run itself is repeated
+    # until each has run that often
     session = model.session
     last = prompt_tokens + gen_tokens - 2  # (the last decode step's position)
-
-    def used() -> tuple[Step, ...]:  # the greedy decode steps the run takes
-        first, then = session.greedy_pair(prompt_tokens), session.greedy_pair(last)
-        return first if first is then else first + then
-
     crosses = session.greedy_pair(prompt_tokens) is not session.greedy_pair(last)
-    warm = len(used()) * (CAPTURE_AFTER_RUNS + 3)
-    cold_ttft, _ = once(max(warm, gen_tokens) if crosses else warm)
+    warm = len(session.greedy_pair(prompt_tokens)) * (CAPTURE_AFTER_RUNS + 3)
+    cold_ttft, _ = once(gen_tokens if crosses else warm)
+    for _ in range(CAPTURE_AFTER_RUNS + 2 if crosses else 0):
+        once(gen_tokens)
+    pairs = {id(p): p for p in (session.greedy_pair(prompt_tokens), session.greedy_pair(last))}
+    before = {step: step.runs for pair in pairs.values() for step in pair}
     ttft, steps = once(gen_tokens)
-    copies = used()
+    copies = [step for step, runs in before.items() if step.runs > runs]  # (those the run took)
     decode_s = sum(steps)
     return BenchResult(
         model=model.name,
