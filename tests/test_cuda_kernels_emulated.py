@@ -367,6 +367,26 @@ def test_flash_decoding_a_nan_score_deep_in_the_cache(lib) -> None:
     assert out[0, 64:].tobytes() == want[0, 64:].tobytes()
 
 
+@pytest.mark.parametrize("kernel", ["attention_chunks<64>", "attention_sums<64>",
+                                    "attention_quarters<256>"])  # fmt: skip
+def test_flash_decoding_traps_on_a_position_past_its_chunks(lib, kernel) -> None:
+    """A launch over fewer chunks than a token's position needs (a graph's reach broken) traps
+    rather than leaving chunks out: each of flash decoding's kernels on its own."""
+    d = 256 if "quarters" in kernel else 64
+    pos = np.array([600], np.int32)  # (3 chunks; the launch holds 2)
+    q, k, v = inputs(15, 1, 768, 1, 1, d, pos)
+    a = AttnArg()
+    a.q, a.k, a.v, a.positions = ptr(q), ptr(k), ptr(v), ptr(pos)
+    out = np.zeros_like(q)
+    scratch = [np.zeros(4 * 2 * (d + 1), F32), np.zeros(1, np.int32), np.zeros(2 * CHUNK, F32),
+               np.zeros(2, F32)]  # fmt: skip
+    a.out, a.part, a.tickets, a.scores, a.pmax = ptr(out), *(ptr(x) for x in scratch)
+    a.n_head, a.n_head_kv, a.n_ctx, a.scale, a.chunks_one_launch = 1, 1, 768, 0.125, 0
+    grid = (1, 1, 8 if "quarters" in kernel else 2)
+    with pytest.raises(EmulatorError, match="__trap"):
+        lib.launch(kernel, grid, (CHUNK,), [a])
+
+
 def test_all_zero_values_keep_their_sign(lib) -> None:
     """v = -0.0 everywhere: p = 255 gives -0.0, p = 0 and p = 256 give +0.0 (numerics.md)."""
     pos = np.array([0, 255, 256], np.int32)
