@@ -126,6 +126,10 @@ class Session:
         take turns), what each keeps on the device, and who feeds it."""
         rt = self.runtime
         self._decode = {m: rt.step(graph, pin=True) for m, graph in self.decode_graphs.items()}
+        # ... by reach, then greedy: (sampled, greedy), looked up a step without a key to build
+        self._steps_at = {
+            r: (self._decode[(False, r)], self._decode[(True, r)]) for r in self._reaches
+        }
         self._pairs: dict[int, tuple[Step, ...]] = {}  # the greedy steps of a reach
         for r in self._reaches:
             first = self._decode[(True, r)]
@@ -264,12 +268,11 @@ class Session:
             step = ahead.pop(0)  # started ahead at ``pos``, fed ``token`` on the device
         else:
             self._settle()
-            mode = (greedy, self._reach(pos))
-            step = self._decode[mode]
+            step = self._steps_at[self._reach(pos)][greedy]
             if step.released:  # the runtime cleared its states: its steps are new ones now
                 self._make_steps()
                 self._last_step = None
-                step = self._decode[mode]
+                step = self._steps_at[self._reach(pos)][greedy]
             source = self._last_step if greedy and self._last_token == token else None
             self._start(step, pos, token, source)
         step.finish()

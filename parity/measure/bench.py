@@ -70,8 +70,8 @@ def bench(
     cold_ttft, _ = once(gen_tokens if crosses else warm)
     for _ in range(CAPTURE_AFTER_RUNS + 2 if crosses else 0):
         once(gen_tokens)
-    pairs = {id(p): p for p in (session.greedy_pair(prompt_tokens), session.greedy_pair(last))}
-    before = {step: step.runs for pair in pairs.values() for step in pair}
+    used = (*session.greedy_pair(prompt_tokens), *session.greedy_pair(last))
+    before = {step: step.runs for step in used}  # (one entry a step)
     ttft, steps = once(gen_tokens)
     copies = [step for step, runs in before.items() if step.runs > runs]  # (those the run took)
     decode_s = sum(steps)

@@ -252,8 +252,9 @@ CHUNKS_ONE_LAUNCH = {64: 2, 128: 2, 256: 0}
 # ... over the chunks below a graph's reach (GraphParams.reach: a session's decode steps below
 # its SHALLOW_REACH, generation/session.py), not n_ctx's: at n_ctx 4,352 below 512 positions, 2
 # chunks and one launch (heads of 64) where 17 took two, the second with nothing to do (6.8 % of
-# SmolLM2's step, 4.8 % of Qwen's at depth 100, H100, twenty-first session, docs/perf.md). A
-# position at or past the reach traps. Off: every graph's launches sized to n_ctx (for A/B)
+# SmolLM2's step, 4.8 % of Qwen's at depth 100, H100, twenty-first session, docs/perf.md). The
+# runtime refuses a position at or past the reach on the host; the kernels trap on one all the
+# same. Off: every graph's launches sized to n_ctx (for A/B)
 DECODE_REACH = True
 # ... and where it is 0 (every token's scores through scratch), attention_chunks without the
 # one-launch path (no V values held: 128 registers at heads of 256, not 255) and its K slabs a
