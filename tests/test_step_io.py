@@ -718,6 +718,35 @@ def test_decode_across_the_shallow_reach_switches_graphs_and_keeps_the_tokens(
     assert got[0] == want[0] and got[1].tobytes() == want[1].tobytes()
 
 
+@pytest.mark.parametrize("queued", [False, True])
+def test_a_one_token_prompt_runs_the_decode_graph_of_its_position(model, queued, monkeypatch):
+    """A one-token prefill is a decode step: below SHALLOW_REACH it runs the shallow decode
+    graph (which the decode steps there run, so a backend captures it early), past it the deep
+    one; greedy decoding after it, across the reach, gives the tokens of a session without the
+    shallow graphs."""
+    from parity.generation import session as sessions
+
+    monkeypatch.setattr(sessions, "SHALLOW_REACH", 24)
+    backend = Queued() if queued else CpuBackend(Device("cpu"))
+    session = session_on(backend, model)
+    shallow, deep = session._steps_at[24][True], session._steps_at[0][True]
+    got = [session.prefill([7], greedy=True)]
+    assert (shallow.runs, deep.runs) == (2 if queued else 1, 0)  # (queued: the step at 2 too)
+    for _ in range(28):  # positions 1 .. 28, across 24
+        got.append(session.step(got[-1], greedy=True))
+    held = session.tokens.tolist()
+    runs = deep.runs
+    got.append(session.prefill([*held, got[-1]], greedy=True))  # (reuses 29: a token at 29)
+    assert deep.runs == runs + (2 if queued else 1) and session.reused == len(held)
+    monkeypatch.setattr(sessions, "SHALLOW_REACH", 0)
+    plain = session_on(CpuBackend(Device("cpu")), model)
+    want = [plain.prefill([7], greedy=True)]
+    for _ in range(28):
+        want.append(plain.step(want[-1], greedy=True))
+    want.append(plain.prefill([*plain.tokens.tolist(), want[-1]], greedy=True))
+    assert got == want
+
+
 def test_a_reach_must_cover_the_step(model):
     """GraphParams.reach covers the step's tokens and lies within the context; a graph run at a
     position at or past its reach is refused on the host (a GPU kernel would trap)."""

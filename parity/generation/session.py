@@ -44,9 +44,10 @@ LOOK_AHEAD = 2  # greedy decode steps queued at once where the backends queue (t
 # decode steps at positions below this run graphs of their own that promise so
 # (GraphParams.reach), where the cache holds more: a backend sizes its attention to the reach
 # (the cuda backend's flash decoding: 2 chunks of 256 positions and one launch where n_ctx's
-# 4,096 take 16 and two). 0: one set of decode graphs for every position. Off until a GPU times
-# the switch at a session's default context (docs/perf.md, twenty-first session)
-SHALLOW_REACH = 0
+# 4,096 take 16 and two). 0: one set of decode graphs for every position. On an H100 at a
+# 4,352-row cache and depth 100 it took SmolLM2's step 0.581-0.591 -> 0.543 ms and Qwen's
+# 0.701-0.702 -> 0.670-0.671, as fast as a 512-row cache (twenty-second session, docs/perf.md)
+SHALLOW_REACH = 512
 INT32 = (-(2**31), 2**31 - 1)
 
 
@@ -212,7 +213,11 @@ class Session:
         )
 
     def _run(self, tokens: np.ndarray, start: int, n_out: int, greedy: bool) -> Step:
-        step = self.runtime.step(self.graphs(self._graph_params(len(tokens), n_out, greedy)))
+        # a one-token prefill runs the decode graph of its position: below SHALLOW_REACH the
+        # shallow one, which every decode step there runs (captured early, where the deep one
+        # would run eagerly for the first prompts)
+        reach = self._reach(start) if len(tokens) == 1 else 0
+        step = self.runtime.step(self.graphs(self._graph_params(len(tokens), n_out, greedy, reach)))
         if step in self._fed_from:  # a one-token prefill is a decode graph: feed it from the host
             step.feed_host("tokens")
             step.feed_host("positions")
