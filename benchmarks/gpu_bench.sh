@@ -347,10 +347,14 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
   # chunk; off until timed)
   run conformance_slabs_ahead python3 benchmarks/with_lowering.py CHUNKS_SLABS_AHEAD=1 \
     QUARTER_SUMS=1 -- -m parity conformance cuda -k attention &
+  # (twenty-first session: QUARTER_SUMS on; attention_sums<256>, which heads of 256 took before,
+  # here)
+  run conformance_sums256 python3 benchmarks/with_lowering.py QUARTER_SUMS=0 -- -m parity \
+    conformance cuda -k attention &
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
          conformance_fast_attention1 conformance_fast_attention2 conformance_fast_gemm
          conformance_fast_gemm_half conformance_fast_glu1 conformance_norm_in conformance_early
-         conformance_norm_block conformance_group conformance_slabs_ahead)
+         conformance_norm_block conformance_group conformance_slabs_ahead conformance_sums256)
   # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
   if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
     files+=(conformance_triton)
