@@ -227,6 +227,19 @@ def test_flash_decoding_heads_together_are_bit_exact_in_the_emulator(case, monke
     assert names == {"attention_chunks", "attention_sums"}, launched
 
 
+@pytest.mark.parametrize("case", DEEP)
+def test_heads_together_by_the_query_heads_of_a_kv_head(case, monkeypatch):
+    """HEADS_TOGETHER_BY_HEADS: an entry for the case's query heads a KV head takes the place
+    of the width's HEADS_TOGETHER_CHUNKS (off here) and is bit-exact; an entry for another
+    count leaves the case a block a head."""
+    heads = 4 if "x128-" in case else 2
+    launched = _judge_with(case, monkeypatch, HEADS_TOGETHER_BY_HEADS={heads: 3})
+    names = {name.split("<")[0] for name, _ in launched if name.endswith(f", {heads}, 3>")}
+    assert names == {"attention_chunks", "attention_sums"}, launched
+    launched = _judge_with(case, monkeypatch, HEADS_TOGETHER_BY_HEADS={heads + 1: 3})
+    assert not any(f", {heads}, 3" in name for name, _ in launched), launched
+
+
 TILED = [
     "attention-window7-9x3x64-p250-t20",
     "attention-window100-4x4x64-p600-t8",

@@ -293,6 +293,15 @@ FOLD_BATCH = 1
 # depth 16,384 gives 128 blocks a layer, not 896 (H = 2 .. GQA_HEADS_MAX heads whose q and
 # sums fit, HEADS_WIDTH_MAX floats). 0: a block a head. Until a GPU times it: 0
 HEADS_TOGETHER_CHUNKS = {64: 0, 128: 0, 256: 0}
+# ... and by the query heads a KV head (heads of 64 and 128; heads of 256 lost everywhere, eighth
+# session): a KV head's block does the work of its H heads, so the depth from which reading K
+# and V once pays grows with H. Where an entry is, it takes the place of the width's. H100, the
+# replayed decode step at depth 4,000 (16 chunks), ms, two rounds: Qwen (7 heads a KV head)
+# 0.866 / 0.864 a block a head, 1.285 / 1.275 together from 16 chunks, 0.859 / 0.861 with the
+# KV-head path compiled in from 64 and not taken (twenty-third session, docs/perf.md); SmolLM2
+# (3) was 3 % faster together from 3 chunks at 4,000 (eighth session). Until a GPU times it
+# by H: none
+HEADS_TOGETHER_BY_HEADS: dict[int, int] = {}
 # a prefill's attention under numerics = "fast" (heads of 64; of 256 below) as flash attention
 # on the tensor cores (attention.cu's attention_fast: TF32 products of split operands, an online
 # softmax), where the exact kernels make every score and weight on the float pipes. On an H100
@@ -365,7 +374,7 @@ def flash_kernel(
     (CHUNKS_SLABS_AHEAD)."""
     if early and ahead:  # (the template's static_assert: AHEAD's slabs load after the wait)
         raise ValueError("attention_chunks takes its K slabs early or a slab ahead, not both")
-    chunks = HEADS_TOGETHER_CHUNKS[d]
+    chunks = heads_together_chunks(d, heads)
     together = chunks > 0 and 2 <= heads <= GQA_HEADS_MAX and heads * d <= HEADS_WIDTH_MAX
     if not together and not early and not ahead:
         if min_blocks == 0 and FOLD_BATCH == 1:
@@ -374,6 +383,14 @@ def flash_kernel(
     h, hc = (heads, chunks) if together else (1, 0)
     tail = ", 1" if early else ", 0, 1" if ahead else ""
     return f"{name}<{d}, {min_blocks}, {FOLD_BATCH}, {h}, {hc}{tail}>"
+
+
+def heads_together_chunks(d: int, heads: int) -> int:
+    """The chunks a token sees from which flash decoding takes a block a KV head for its
+    ``heads`` query heads of ``d`` (0: never): HEADS_TOGETHER_BY_HEADS's, else the width's."""
+    if d <= 128 and heads in HEADS_TOGETHER_BY_HEADS:
+        return HEADS_TOGETHER_BY_HEADS[heads]
+    return HEADS_TOGETHER_CHUNKS[d]
 
 
 def grid1(n: int, per: int = 256, cap: int = 65535) -> tuple[int, int, int]:
