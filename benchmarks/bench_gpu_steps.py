@@ -43,7 +43,10 @@ def main() -> None:
         "PARITY_PDL=0 for each kernel's own time)",
     )
     ap.add_argument(
-        "--prefill", type=int, default=512, help="tokens of the prefill --profile times"
+        "--prefill",
+        type=int,
+        default=512,
+        help="tokens of the prefill --profile times (0: none, the decode step alone)",
     )
     ap.add_argument("--numerics", default="exact")
     ap.add_argument(
@@ -118,16 +121,17 @@ def main() -> None:
     )
     if args.profile:
         n = args.prefill
-        prefill = model.graphs(GraphParams(n_tokens=n, n_ctx=args.ctx, n_out=1))
-        pstep = rt.step(prefill, ())
-        pstep.write(graph_inputs(np.arange(n, dtype=np.int32) % 1000, 0))
-        pstep.run()
-        step.write(graph_inputs(np.asarray([7], np.int32), args.position))
-        step.run()  # the decode step's inputs again, after the prefill's
-        decode = main_split.executable
-        for what, exe in (("decode", decode), (f"prefill{n}", pstep._splits[0].eager)):
-            print(what, json.dumps(kernel_times(exe, backend, torch)))
-        print(f"prefill{n}_ms_events", round(events(pstep._splits[0].eager) * 1e3, 4))
+        if n:
+            prefill = model.graphs(GraphParams(n_tokens=n, n_ctx=args.ctx, n_out=1))
+            pstep = rt.step(prefill, ())
+            pstep.write(graph_inputs(np.arange(n, dtype=np.int32) % 1000, 0))
+            pstep.run()
+            step.write(graph_inputs(np.asarray([7], np.int32), args.position))
+            step.run()  # the decode step's inputs again, after the prefill's
+        print("decode", json.dumps(kernel_times(main_split.executable, backend, torch)))
+        if n:
+            print(f"prefill{n}", json.dumps(kernel_times(pstep._splits[0].eager, backend, torch)))
+            print(f"prefill{n}_ms_events", round(events(pstep._splits[0].eager) * 1e3, 4))
     print(json.dumps({
         "model": model.name, "backend": backend.device.id, "ctx": args.ctx,
         "splits": len(splits), "fallbacks": len(step.plan.fallbacks),

@@ -34,7 +34,8 @@
 #                                        against each other, ROUNDS (2) rounds alternated, one
 #                                        process a variant: the replayed decode step at depth
 #                                        POSITION (100), the 512-token prefill, kernel by kernel
-#                                        (bench_gpu_steps.py --profile), then (PDL_OFF=0: not)
+#                                        (bench_gpu_steps.py --profile; AB_PREFILL=0: the
+#                                        decode step alone), then (PDL_OFF=0: not)
 #                                        as shipped and with every switch, the decode kernels'
 #                                        own times with PARITY_PDL=0. About 17 s a model and
 #                                        variant a round: the default 4 variants take half a call a
@@ -62,7 +63,8 @@
 #   bash benchmarks/gpu_bench.sh ncu     hardware counters of a few kernels (Nsight Compute, which
 #                                        reads them on Firecracker machines only): where the
 #                                        warps stall, occupancy, the busiest units, the hottest
-#                                        source lines; NCU_KERNELS (regexes), NCU_MODEL, a
+#                                        source lines; NCU_KERNELS (regexes of the demangled
+#                                        name, template arguments too: "gemv_q<14"), NCU_MODEL, a
 #                                        512-token prefill and 8 decode steps of `parity bench`
 #   bash benchmarks/gpu_bench.sh table   the issue's table beside llama.cpp (bench_gpu.py):
 #                                        decode at depths 0, 4096 and 16384, prefill 128, 512
@@ -178,7 +180,7 @@ if [ "$stage" = ab ]; then  # (about 17 s a model and variant a round: MODELS=on
         [[ $variant == tree:* ]] && tree=${variant#tree:}:/tmp/site && variant=
         PYTHONPATH=$tree timeout 60 python3 benchmarks/with_lowering.py ${variant//,/ } -- \
           benchmarks/bench_gpu_steps.py /tmp/$m.gguf --ctx "${CTX:-4352}" --position "${POSITION:-100}" --runs 100 \
-          --profile 2>&1 | tail -4
+          --prefill "${AB_PREFILL:-512}" --profile 2>&1 | tail -4
       done
     done
   done 2>&1 | tee "$out/ab.txt"
@@ -259,7 +261,8 @@ if [ "$stage" = ncu ]; then  # counters of the first launches of each kernel nam
   sections="SpeedOfLight Occupancy LaunchStats WarpStateStats SchedulerStats ComputeWorkloadAnalysis MemoryWorkloadAnalysis SourceCounters"
   for k in ${NCU_KERNELS:-gemm_mma rms_norm_f32 attention_chunks gemv_q}; do
     echo "== ncu $m $k"
-    timeout "${NCU_S:-150}" ncu --clock-control none -k "regex:$k" -c "${NCU_COUNT:-4}" \
+    timeout "${NCU_S:-150}" ncu --clock-control none --kernel-name-base demangled -k "regex:$k" \
+      -c "${NCU_COUNT:-4}" \
       $(printf -- "--section %s " $sections) python3 -m parity bench --model /tmp/$m.gguf \
       --backend cuda -p 512 -g 8 2>&1
   done > "$out/ncu.txt" 2>&1
