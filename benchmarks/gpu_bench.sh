@@ -354,10 +354,17 @@ if [ "$stage" = verify ]; then  # correctness only, so the processes may share t
   # here)
   run conformance_sums256 python3 benchmarks/with_lowering.py QUARTER_SUMS=0 -- -m parity \
     conformance cuda -k attention &
+  # (twenty-fourth session: a group a cluster of 2 or 4 blocks, GROUP_Q8_SPLIT, Gemma 3's GEGLU in
+  # the product too)
+  run conformance_split2 python3 benchmarks/with_lowering.py GROUP_Q8_SPLIT=2 GLU_IN_PRODUCT=1 \
+    -- -m parity conformance cuda -k fusion -k matmul_swiglu &
+  run conformance_split4 python3 benchmarks/with_lowering.py GROUP_Q8_SPLIT=4 GROUP_Q8_RPW=1 \
+    GLU_IN_PRODUCT=1 -- -m parity conformance cuda -k fusion -k matmul_swiglu &
   files=(conformance_cuda ops_tests gpu_tests conformance_mma64 conformance_prefill
          conformance_fast_attention1 conformance_fast_attention2 conformance_fast_gemm
          conformance_fast_gemm_half conformance_fast_glu1 conformance_norm_in conformance_early
-         conformance_norm_block conformance_group conformance_slabs_ahead conformance_sums256)
+         conformance_norm_block conformance_group conformance_slabs_ahead conformance_sums256
+         conformance_split2 conformance_split4)
   # (VERIFY_SKIP="triton deep": not the triton backend's, nor the deep switches' attention)
   if [[ " ${VERIFY_SKIP:-} " != *" triton "* ]]; then
     files+=(conformance_triton)

@@ -436,6 +436,42 @@ def test_gate_up_a_block_a_group_is_bit_exact_in_the_emulator(case, group, rpw, 
     assert any(n.startswith("gemv_q_q8<") for n in launched) == (ffn and not group)
 
 
+@pytest.mark.parametrize("case", [
+    "fusion-ffn-Q4_1-576x1024-t1", "fusion-ffn-Q5_0-896x1024-t1", "fusion-geglu-Q8_0-640x512-t1",
+    _ffn(DType.Q4_K, 512, 256), _ffn(DType.Q6_K, 512, 256),
+], ids=lambda c: c if isinstance(c, str) else c.id)  # fmt: skip
+@pytest.mark.parametrize("split, rpw", [(2, 1), (2, 2), (4, 2), (8, 4), (32, 1)])
+def test_gate_up_a_group_a_cluster_is_bit_exact_in_the_emulator(case, split, rpw, monkeypatch):
+    """GROUP_Q8_SPLIT: a 32-row group a cluster of 2 to 32 blocks (gemv_q_q8_split), each its
+    32 / split rows at 1 to 4 rows a warp, the cluster's last block quantizing the group from
+    y: bit for bit. (The emulator runs the blocks in order, so the last block of a cluster
+    runs after the others: the cluster barrier is a GPU's to check, verify's
+    conformance_split.)"""
+    launched = [n for n, _ in _judge_with(case, monkeypatch, GROUP_Q8=True, GLU_IN_PRODUCT=True,
+                                          GROUP_Q8_SPLIT=split, GROUP_Q8_RPW=rpw)]  # fmt: skip
+    split_launches = [n for n in launched if n.startswith("gemv_q_q8_split<")]
+    assert split_launches and not any(n.startswith("gemv_q_q8_group<") for n in launched)
+    assert {n.split(", ")[2] for n in split_launches} == {str(rpw)}, launched
+    assert {n.rstrip(">").split(", ")[-1] for n in split_launches} == {str(split)}, launched
+
+
+def test_gate_up_group_splits_need_clusters_and_a_power_of_two(monkeypatch):
+    """GROUP_Q8_SPLIT takes clusters (sm_90; a GPU without them runs a block a group), and a
+    power of two up to 32; rows a warp never more than a block's rows."""
+    from parity.backends.cuda import lowering
+    from parity.errors import BackendError
+
+    monkeypatch.setattr(lowering, "GROUP_Q8_SPLIT", 4)
+    assert (lowering.group_q8_split(True), lowering.group_q8_split(False)) == (4, 1)
+    monkeypatch.setattr(lowering, "GROUP_Q8_RPW", 0)
+    assert [lowering.group_q8_rpw(b, 132, 4) for b in (48 * 4, 132)] == [2, 1]
+    monkeypatch.setattr(lowering, "GROUP_Q8_RPW", 4)
+    assert [lowering.group_q8_rpw(192, 132, s) for s in (4, 16, 32)] == [4, 2, 1]
+    monkeypatch.setattr(lowering, "GROUP_Q8_SPLIT", 3)
+    with pytest.raises(BackendError, match="GROUP_Q8_SPLIT = 3"):
+        lowering.group_q8_split(True)
+
+
 def test_gate_up_groups_take_a_row_a_warp_where_they_fit_one_wave(monkeypatch):
     """GROUP_Q8_RPW = 0: blocks of 32 warps (a row each) where the launch's groups fit one such
     block a multiprocessor (SmolLM2's 48 on 132), else 16 warps (Qwen's 152); a nonzero value

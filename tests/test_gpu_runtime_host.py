@@ -139,6 +139,8 @@ KERNELS = [
     ("matmul.cu", "gemv_q_q8_group<6, 8, 1, 1, 29>"),
     ("matmul.cu", "gemv_q_q8_group<3, 4, 2, 1, 24>"),  # (... GROUP_Q8_RPW = 2, 1)
     ("matmul.cu", "gemv_q_q8_group<6, 4, 1, 2, 40>"),
+    ("matmul.cu", "gemv_q_q8_split<6, 4, 2, 2, 40, 2>"),  # (... GROUP_Q8_SPLIT = 2, 4)
+    ("matmul.cu", "gemv_q_q8_split<3, 4, 1, 1, 24, 4>"),
     ("matmul.cu", "gemv_q_norm<3, 1, 2, 1>"),
     ("matmul.cu", "gemv_q_norm<12, 8, 0, 4>"),
     ("matmul.cu", "gemv_q_q8<8, 1, 8, 1>"),
@@ -227,6 +229,10 @@ def test_kernels_compile_for_sm90_without_contraction(compiler, monkeypatch):
     assert len(ptx) == len(dict.fromkeys(KERNELS))  # (a program an instantiation, none cached)
     assert not [text for text in ptx if re.search(r"\bfma\.\w*f32", text)]
     assert sum(bool(re.search(r"\b(mul|add)\.rn\.f32", text)) for text in ptx) > len(ptx) // 2
+    # (GROUP_Q8_SPLIT's kernels launch as clusters, whose barrier they take)
+    clustered = [t for t in ptx if ".reqnctapercluster" in t]
+    assert len(clustered) == sum(n.startswith("gemv_q_q8_split<") for _, n in KERNELS)
+    assert all("barrier.cluster.wait.acquire" in t for t in clustered)
 
 
 def test_compiling_leaves_the_interpreters_shared_bytes_alone(compiler):

@@ -69,6 +69,7 @@ class EmulatedCudaBackend(CudaBackend):
 
         self.pdl = False
         self.multiprocessors = 1  # (wide grids of a few blocks in tests)
+        self.clusters = True  # (a grid's blocks run in order: a cluster's last block last)
         self.rt = GuardedHostRuntime() if guarded else HostRuntime()
         self.rt.handle = 0  # (the stream the launches name: none, they run at once)
         self.library = EmulatedLibrary()

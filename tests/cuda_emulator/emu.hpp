@@ -34,6 +34,7 @@
 #define __forceinline__ inline
 #define __noinline__
 #define __launch_bounds__(...)
+#define __cluster_dims__(...)  // (a grid's blocks run in order: common.cuh's cluster barrier)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 #define __constant__ static

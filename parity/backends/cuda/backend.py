@@ -91,6 +91,7 @@ class CudaBackend(GpuBackend):
         self.driver = self.rt.driver
         self.library = Library(self.driver, Compiler(gpu.arch))
         self.multiprocessors = gpu.multiprocessors
+        self.clusters = gpu.capability >= (9, 0)
         self.library.ensure([ADVANCE])  # (a step's kernels are compiled when it is prepared)
         # (address, size, by) -> the launch that advances a kept input, and the buffer (alive)
         self._advance: dict[tuple[int, int, int], tuple[Any, Any]] = {}
@@ -174,6 +175,7 @@ class CudaBackend(GpuBackend):
             self.numerics == "fast",
             self.rt.matmul,
             self.rt.half_gemm,
+            clusters=self.clusters,
         )
         lowered = lowering.lower(split.nodes, readers)
         self.library.ensure(lowered.kernels)  # one batch, compiled in parallel (or cached)

@@ -129,6 +129,12 @@ GROUP_Q8 = True
 # groups) 0.598 / 0.600 at 2 -> 0.588 / 0.585 at 1; Qwen (152 groups: two blocks of 32 warps
 # on 20 multiprocessors) 0.700 / 0.697 at 2, 0.703 / 0.702 at 1 (docs/perf.md)
 GROUP_Q8_RPW = 0
+# ... a group a cluster of GROUP_Q8_SPLIT blocks of 32 / GROUP_Q8_SPLIT rows each (sm_90,
+# matmul.cu's gemv_q_q8_split: the cluster's last block quantizes the group after the cluster's
+# barrier), so the groups spread over more multiprocessors, and more evenly: Qwen's 152 groups
+# a block each leave 20 of 132 multiprocessors two (Nsight Compute, twenty-third session: each
+# multiprocessor busy for about half the launch), SmolLM2's 48 use 48. 1: a block a group
+GROUP_Q8_SPLIT = 1
 GROUP_Q8_SHARED = 48 << 10  # ... its copies of the group's rows in static shared memory
 FLOAT_WEIGHTS = (DType.F32, DType.F16, DType.BF16)
 NORM_THREADS = 1024  # norm.cuh's
@@ -427,11 +433,21 @@ def group_q8_loads(dtype: DType, t: int, k: int, gated: bool) -> tuple[int, int]
     return lane_loads(nbytes), copy
 
 
-def group_q8_rpw(groups: int, multiprocessors: int) -> int:
-    """gemv_q_q8_group's rows a warp for a launch of ``groups`` blocks (GROUP_Q8_RPW)."""
+def group_q8_rpw(blocks: int, multiprocessors: int, split: int = 1) -> int:
+    """gemv_q_q8_group's rows a warp for a launch of ``blocks`` blocks of 32 / ``split`` rows
+    (GROUP_Q8_RPW; at most those rows)."""
     if GROUP_Q8_RPW:
-        return GROUP_Q8_RPW
-    return 1 if groups <= multiprocessors else 2
+        return min(GROUP_Q8_RPW, 32 // split)
+    return 1 if blocks <= multiprocessors or split >= 32 else 2
+
+
+def group_q8_split(clusters: bool) -> int:
+    """Blocks a 32-row group of gemv_q_q8_group (GROUP_Q8_SPLIT), 1 where the GPU has no
+    clusters."""
+    if GROUP_Q8_SPLIT not in (1, 2, 4, 8, 16, 32):
+        raise BackendError(f"GROUP_Q8_SPLIT = {GROUP_Q8_SPLIT}: blocks a group of 32 rows must "
+                           "be 1, 2, 4, 8, 16 or 32")  # fmt: skip
+    return GROUP_Q8_SPLIT if clusters else 1
 
 
 def gemv_warps_per_row(dtype: DType, k: int) -> int:
@@ -614,6 +630,7 @@ class Lowering:
         fast: bool = False,
         matmul: Callable[..., None] | None = None,
         half_gemm: bool = False,
+        clusters: bool = False,
     ) -> None:
         self.graph = graph
         self.values = values
@@ -627,6 +644,7 @@ class Lowering:
         self.fast = fast  # numerics = "fast": the fast kernels where a switch turns them on
         self.matmul = matmul  # out = a b^T (+ add) on the tensor cores (FAST_GEMM); None: none
         self.half_gemm = half_gemm  # ... which takes float16 a and b too (FAST_GEMM_HALF)
+        self.clusters = clusters  # thread block clusters (sm_90)
         self._fast_x = -1  # the Q8A x whose floats the FAST_GEMM scratch holds last
         self._weight_tops: dict[int, Any] = {}  # FAST_GEMM_HALF: each weight's rows' bounds
         self.out: Lowered = Lowered([], [], set(), [])
@@ -1292,9 +1310,14 @@ class Lowering:
             group = None if q8 is None else group_q8_loads(w.dtype, t, k, w2 is not None)
             if group is not None and n % 32 == 0:  # a block a group of 32 rows: no tickets
                 per, copy = group
-                rpw = group_q8_rpw(n // 32, self.multiprocessors)
-                name = f"gemv_q_q8_group<{w.dtype.value}, {epi}, {rpw}, {per}, {copy}>"
-                self._launch("matmul.cu", name, (n // 32, 1, 1), (32 * 32 // rpw, 1, 1),
+                split = group_q8_split(self.clusters)
+                blocks = n // 32 * split
+                rpw = group_q8_rpw(blocks, self.multiprocessors, split)
+                kind = f"{w.dtype.value}, {epi}, {rpw}, {per}, {copy}"
+                name = f"gemv_q_q8_group<{kind}>"
+                if split > 1:
+                    name = f"gemv_q_q8_split<{kind}, {split}>"
+                self._launch("matmul.cu", name, (blocks, 1, 1), (32 * 32 // (rpw * split), 1, 1),
                              [pointer(out), xq, *common, *self._q8_out(q8, glu)])  # fmt: skip
                 return True
             if q8 is not None and n % 32 == 0:

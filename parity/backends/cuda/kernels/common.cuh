@@ -57,6 +57,25 @@ __device__ __forceinline__ void fence_acq_rel_gpu() {
 #endif
 }
 
+// A thread block cluster's barrier (sm_90), in two halves: arrive with this thread's writes
+// released at cluster scope (every thread of every block of the cluster, each warp all
+// together), then wait for the others' and acquire them. A thread that exits counts as arrived,
+// so a block may arrive and leave. The emulator runs a grid's blocks one after another, in
+// order, so when a cluster's last block (the only one that waits here) arrives, the others have
+// finished: its arrival is the block's barrier (every thread of the block arrives).
+__device__ __forceinline__ void cluster_arrive_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#elif defined(PARITY_EMULATOR)
+    emu::sync_block();
+#endif
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
 // Whether this block is the last of ``count`` blocks sharing ``ticket`` to get here, every one
 // having written its results first: each fences them and takes a ticket; the block that takes
 // the last one fences again and may then read what the others wrote (at L2: __ldcg), and must

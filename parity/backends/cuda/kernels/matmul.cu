@@ -490,32 +490,36 @@ gemv_q_q8_normed(float* y, NormIn in, const u8* w, const u8* w2, const float* bi
                                        tickets, g_out, u_out, pro);
 }
 
-// One token's gemv_q_q8 of rows of one round each (S <= 32 sub-blocks), a block a 32-row
-// group: the block quantizes its own rows from shared memory once they are in, with no ticket
-// (gemv_q_q8's last block of a group fences, takes an atomic and reloads the group at L2
-// first). Warp w of the 32 / RPW takes rows w, w + 32 / RPW, ...: all its rows' weights are
-// asked for before PDL's wait (PER 16-byte loads a lane) and copied to shared memory at once
-// (COPY words a row), so the rows' leaves, butterflies and epilogues interleave. A row's
-// leaves and butterfly are gemv_q's (one round: lane l holds leaf l), its Q8A block
-// quantize_block's: the same bits.
-template <int QT, int EPI, int RPW, int PER, int COPY>
-__global__ void __launch_bounds__(32 * 32 / RPW)
-gemv_q_q8_group(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
-                int T, int N, int K, i64 row_bytes, i8* oq, float* od, float* os,
-                float* g_out, float* u_out) {
-    constexpr int L = Layout<QT>::L, WARPS = 32 / RPW;
+// One token's gemv_q_q8 of rows of one round each (S <= 32 sub-blocks), a 32-row group a
+// block, or a cluster of C blocks of 32 / C rows each (gemv_q_q8_split): the group's outputs are
+// quantized once they are in, with no ticket (gemv_q_q8's last block of a group fences, takes an
+// atomic and reloads the group at L2 first). Warp w of the block's WARPS takes its rows w, w +
+// WARPS, ...: all its rows' weights are asked for before PDL's wait (PER 16-byte loads a lane)
+// and copied to shared memory at once (COPY words a row), so the rows' leaves, butterflies and
+// epilogues interleave. A row's leaves and butterfly are gemv_q's (one round: lane l holds leaf
+// l), its Q8A block quantize_block's: the same bits. One block quantizes its group from shared
+// memory after its barrier; a cluster's last block from y at L2, after the cluster's barrier
+// (its other blocks arrive with their rows written, and leave).
+template <int QT, int EPI, int RPW, int PER, int COPY, int C>
+__device__ __forceinline__ void gemv_q_q8_group_body(float* y, const Q8& x, const u8* w,
+                                                     const u8* w2, const float* bias,
+                                                     const float* res, int N, int K,
+                                                     i64 row_bytes, i8* oq, float* od, float* os,
+                                                     float* g_out, float* u_out) {
+    constexpr int L = Layout<QT>::L, ROWS = 32 / C, WARPS = ROWS / RPW;
     constexpr int NM = (EPI & EPI_GATED) ? 2 : 1;
     static_assert(PER * 32 >= COPY, "a row's copy larger than its loads");
-    static_assert(32 % RPW == 0, "rows a warp that do not divide the group's 32");
+    static_assert(32 % (C * RPW) == 0, "rows a warp that do not divide the block's rows");
     __shared__ int4 copies[WARPS][RPW * NM][COPY];
     __shared__ float group[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = blockIdx.x / C, first = g * 32 + blockIdx.x % C * ROWS;
     const int S = K / L, width = next_pow2(S);
     const u8* mats[2] = {w, w2};
     Stage<QT, PER> stage[RPW * NM];
 #pragma unroll
     for (int j = 0; j < RPW; ++j) {
-        const i64 n = (i64)blockIdx.x * 32 + warp + j * WARPS;
+        const i64 n = first + warp + j * WARPS;
 #pragma unroll
         for (int m = 0; m < NM; ++m) stage[j * NM + m].load(mats[m] + n * row_bytes, 0, S);
     }  // (weights: no kernel writes them)
@@ -539,7 +543,7 @@ gemv_q_q8_group(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, co
     __syncwarp();
 #pragma unroll
     for (int j = 0; j < RPW; ++j) {
-        const int r = warp + j * WARPS, n = blockIdx.x * 32 + r;
+        const int n = first + warp + j * WARPS;
         float v[NM];
 #pragma unroll
         for (int m = 0; m < NM; ++m) {
@@ -557,17 +561,45 @@ gemv_q_q8_group(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, co
         if (lane == 0) {
             const float out = epilogue<EPI>(v[0], v[NM - 1], bias, res, 0, n, N);
             y[n] = out;
-            group[r] = out;
+            if (C == 1) group[n - g * 32] = out;
             if (NM == 2 && g_out != nullptr) {
                 g_out[n] = v[0];
                 u_out[n] = v[NM - 1];
             }
         }
     }
-    __syncthreads();  // the group's outputs, left by each row's lane 0
-    if (warp == 0)
-        quantize_block(group[lane], oq + blockIdx.x * 32, od + blockIdx.x, os + blockIdx.x);
+    if (C == 1) {
+        __syncthreads();  // the group's outputs, left by each row's lane 0
+        if (warp == 0) quantize_block(group[lane], oq + g * 32, od + g, os + g);
+        return;
+    }
+    cluster_arrive_release();  // (y's rows, written by each row's lane 0)
+    if (blockIdx.x % C != C - 1 || warp != 0) return;
+    cluster_wait_acquire();
+    quantize_block(__ldcg(y + g * 32 + lane), oq + g * 32, od + g, os + g);  // (at L2)
 }
+
+template <int QT, int EPI, int RPW, int PER, int COPY>
+__global__ void __launch_bounds__(32 * 32 / RPW)
+gemv_q_q8_group(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
+                int T, int N, int K, i64 row_bytes, i8* oq, float* od, float* os,
+                float* g_out, float* u_out) {
+    gemv_q_q8_group_body<QT, EPI, RPW, PER, COPY, 1>(y, x, w, w2, bias, res, N, K, row_bytes, oq,
+                                                     od, os, g_out, u_out);
+}
+
+// The same, a group a cluster of C blocks (sm_90: the lowering's GROUP_Q8_SPLIT), so that the
+// groups' work spreads over more multiprocessors, and more evenly, than a block a group does
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+template <int QT, int EPI, int RPW, int PER, int COPY, int C>
+__global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(32 * 32 / (RPW * C))
+gemv_q_q8_split(float* y, Q8 x, const u8* w, const u8* w2, const float* bias, const float* res,
+                int T, int N, int K, i64 row_bytes, i8* oq, float* od, float* os,
+                float* g_out, float* u_out) {
+    gemv_q_q8_group_body<QT, EPI, RPW, PER, COPY, C>(y, x, w, w2, bias, res, N, K, row_bytes, oq,
+                                                     od, os, g_out, u_out);
+}
+#endif
 
 // The same, and the norm that reads the product's output after it (norm.cuh's job: RMS_NORM
 // [MUL], its QUANTIZE, and the ADD and the norm of the sum that may follow, Gemma 3's): the
