@@ -440,9 +440,9 @@ def test_gate_up_a_block_a_group_is_bit_exact_in_the_emulator(case, group, rpw, 
     "fusion-ffn-Q4_1-576x1024-t1", "fusion-ffn-Q5_0-896x1024-t1", "fusion-geglu-Q8_0-640x512-t1",
     _ffn(DType.Q4_K, 512, 256), _ffn(DType.Q6_K, 512, 256),
 ], ids=lambda c: c if isinstance(c, str) else c.id)  # fmt: skip
-@pytest.mark.parametrize("split, rpw", [(2, 1), (2, 2), (4, 2), (8, 4), (32, 1)])
+@pytest.mark.parametrize("split, rpw", [(2, 1), (2, 2), (4, 2), (8, 1), (8, 4)])
 def test_gate_up_a_group_a_cluster_is_bit_exact_in_the_emulator(case, split, rpw, monkeypatch):
-    """GROUP_Q8_SPLIT: a 32-row group a cluster of 2 to 32 blocks (gemv_q_q8_split), each its
+    """GROUP_Q8_SPLIT: a 32-row group a cluster of 2 to 8 blocks (gemv_q_q8_split), each its
     32 / split rows at 1 to 4 rows a warp, the cluster's last block quantizing the group from
     y: bit for bit. (The emulator runs the blocks in order, so the last block of a cluster
     runs after the others: the cluster barrier is a GPU's to check, verify's
@@ -456,8 +456,8 @@ def test_gate_up_a_group_a_cluster_is_bit_exact_in_the_emulator(case, split, rpw
 
 
 def test_gate_up_group_splits_need_clusters_and_a_power_of_two(monkeypatch):
-    """GROUP_Q8_SPLIT takes clusters (sm_90; a GPU without them runs a block a group), and a
-    power of two up to 32; rows a warp never more than a block's rows."""
+    """GROUP_Q8_SPLIT takes clusters (sm_90; a GPU without them runs a block a group), of 1, 2,
+    4 or 8 blocks (the portable cluster sizes); rows a warp never more than a block's rows."""
     from parity.backends.cuda import lowering
     from parity.errors import BackendError
 
@@ -466,10 +466,12 @@ def test_gate_up_group_splits_need_clusters_and_a_power_of_two(monkeypatch):
     monkeypatch.setattr(lowering, "GROUP_Q8_RPW", 0)
     assert [lowering.group_q8_rpw(b, 132, 4) for b in (48 * 4, 132)] == [2, 1]
     monkeypatch.setattr(lowering, "GROUP_Q8_RPW", 4)
-    assert [lowering.group_q8_rpw(192, 132, s) for s in (4, 16, 32)] == [4, 2, 1]
-    monkeypatch.setattr(lowering, "GROUP_Q8_SPLIT", 3)
-    with pytest.raises(BackendError, match="GROUP_Q8_SPLIT = 3"):
-        lowering.group_q8_split(True)
+    assert [lowering.group_q8_rpw(192, 132, s) for s in (4, 8)] == [4, 4]
+    assert lowering.group_q8_rpw(192, 132, 16) == 2  # (a split of 16: 2 rows a block)
+    for bad in (3, 16):
+        monkeypatch.setattr(lowering, "GROUP_Q8_SPLIT", bad)
+        with pytest.raises(BackendError, match=f"GROUP_Q8_SPLIT = {bad}: .* 1, 2, 4 or 8"):
+            lowering.group_q8_split(True)
 
 
 def test_gate_up_groups_take_a_row_a_warp_where_they_fit_one_wave(monkeypatch):

@@ -438,15 +438,15 @@ def group_q8_rpw(blocks: int, multiprocessors: int, split: int = 1) -> int:
     (GROUP_Q8_RPW; at most those rows)."""
     if GROUP_Q8_RPW:
         return min(GROUP_Q8_RPW, 32 // split)
-    return 1 if blocks <= multiprocessors or split >= 32 else 2
+    return 1 if blocks <= multiprocessors else 2
 
 
 def group_q8_split(clusters: bool) -> int:
     """Blocks a 32-row group of gemv_q_q8_group (GROUP_Q8_SPLIT), 1 where the GPU has no
     clusters."""
-    if GROUP_Q8_SPLIT not in (1, 2, 4, 8, 16, 32):
+    if GROUP_Q8_SPLIT not in (1, 2, 4, 8):  # (8: the largest cluster every sm_90 part takes)
         raise BackendError(f"GROUP_Q8_SPLIT = {GROUP_Q8_SPLIT}: blocks a group of 32 rows must "
-                           "be 1, 2, 4, 8, 16 or 32")  # fmt: skip
+                           "be 1, 2, 4 or 8")  # fmt: skip
     return GROUP_Q8_SPLIT if clusters else 1
 
 
