@@ -130,7 +130,7 @@ def test_conformance_case_is_bit_exact_in_the_emulator(case) -> None:
 SWITCHED = {
     "NORM_AFTER_PRODUCT": ("-norm-", "gemv_q_norm<"),
     "QKV_HEAD_NORMS": ("head-norms", ", 6>"),  # (gemv_q_multi's ROPE mode: neox + HEAD_NORM)
-    "GLU_IN_PRODUCT": ("fusion-geglu-", ("gemv_q_q8<", "gemv_q_q8_group<")),  # (one token)
+    "GLU_IN_PRODUCT": ("fusion-geglu-", ("gemv_q_q8<", "gemv_q_q8_group<", "gemv_q_q8_split<")),
     "WIDE_GEMV": ("-wide-", "gemv_q_wide<"),
     "WIDE_FIT_ROW": ("-wide-", ", 3, 1, 0>"),  # (gemv_q_wide's PER: rows of 256, one load)
     "ARGMAX_IN_HEAD": ("head-argmax", ", 1>"),
@@ -428,7 +428,7 @@ def test_gate_up_a_block_a_group_is_bit_exact_in_the_emulator(case, group, rpw, 
     Q8_0 rows of 1,024; several tokens: the kit's t7 cases, as shipped) or no ticket kernel
     (a product with no QUANTIZE after it)."""
     launched = [n for n, _ in _judge_with(case, monkeypatch, GROUP_Q8=True, GLU_IN_PRODUCT=True,
-                                          GROUP_Q8_RPW=rpw)]  # fmt: skip
+                                          GROUP_Q8_RPW=rpw, GROUP_Q8_SPLIT=1)]  # fmt: skip
     assert any(n.startswith("gemv_q_q8_group<") for n in launched) == group, launched
     rows = {int(n.split(", ")[2]) for n in launched if n.startswith("gemv_q_q8_group<")}
     assert rows == ({rpw} if group else set()), launched
@@ -457,12 +457,16 @@ def test_gate_up_a_group_a_cluster_is_bit_exact_in_the_emulator(case, split, rpw
 
 def test_gate_up_group_splits_need_clusters_and_a_power_of_two(monkeypatch):
     """GROUP_Q8_SPLIT takes clusters (sm_90; a GPU without them runs a block a group), of 1, 2,
-    4 or 8 blocks (the portable cluster sizes); rows a warp never more than a block's rows."""
+    4 or 8 blocks (the portable cluster sizes), or 0: 4 where the launch's groups outnumber the
+    multiprocessors (Qwen's 152 on 132), else 1; rows a warp never more than a block's rows."""
     from parity.backends.cuda import lowering
     from parity.errors import BackendError
 
-    monkeypatch.setattr(lowering, "GROUP_Q8_SPLIT", 4)
-    assert (lowering.group_q8_split(True), lowering.group_q8_split(False)) == (4, 1)
+    monkeypatch.setattr(lowering, "GROUP_Q8_SPLIT", 0)  # (4 where the groups outnumber them)
+    assert [lowering.group_q8_split(True, g, 132) for g in (48, 132, 152)] == [1, 1, 4]
+    assert lowering.group_q8_split(False, 152, 132) == 1
+    monkeypatch.setattr(lowering, "GROUP_Q8_SPLIT", 2)
+    assert [lowering.group_q8_split(True, g, 132) for g in (48, 152)] == [2, 2]
     monkeypatch.setattr(lowering, "GROUP_Q8_RPW", 0)
     assert [lowering.group_q8_rpw(b, 132, 4) for b in (48 * 4, 132)] == [2, 1]
     monkeypatch.setattr(lowering, "GROUP_Q8_RPW", 4)
@@ -471,7 +475,7 @@ def test_gate_up_group_splits_need_clusters_and_a_power_of_two(monkeypatch):
     for bad in (3, 16):
         monkeypatch.setattr(lowering, "GROUP_Q8_SPLIT", bad)
         with pytest.raises(BackendError, match=f"GROUP_Q8_SPLIT = {bad}: .* 1, 2, 4 or 8"):
-            lowering.group_q8_split(True)
+            lowering.group_q8_split(True, 152, 132)
 
 
 def test_gate_up_groups_take_a_row_a_warp_where_they_fit_one_wave(monkeypatch):
@@ -569,11 +573,12 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     decode steps (GEMV, flash decoding; with ``switched`` the decode fusions that wait for a
     GPU's timing: the norms after the o and down products done by those products' last
     blocks, for Gemma 3 the head norms and ROPEs in the q/k/v launch and gate, up and GEGLU
-    as one product, gate/up a block a 32-row group, and the output head by gemv_q_wide; the
-    prefill's switches as shipped, all on (``prefill`` "all": its norms a row a warp at every
-    width, gate/up quantizing its output, Gemma 3's GEGLU in its gate/up GEMM, q, k and v as
-    one GEMM launch) or none): every node of every step bit-identical to the cpu oracle's,
-    and the greedy tokens the same. ``heads``: the spec's head shape, if not the tiny one's."""
+    as one product, gate/up a cluster of blocks a 32-row group, and the output head by
+    gemv_q_wide; the prefill's switches as shipped, all on (``prefill`` "all": its norms a row
+    a warp at every width, gate/up quantizing its output, Gemma 3's GEGLU in its gate/up GEMM,
+    q, k and v as one GEMM launch) or none): every node of every step bit-identical to the cpu
+    oracle's, and the greedy tokens the same. ``heads``: the spec's head shape, if not the tiny
+    one's."""
 
     from parity.arch.synthetic import synthetic_model, tiny_spec
     from parity.backends.cpu.backend import CpuBackend
@@ -587,6 +592,7 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     monkeypatch.setattr(lowering, "TILE_BLOCKS", 1)  # (40 tokens: else a token a block)
     for switch in DECODE_SWITCHES:
         monkeypatch.setattr(lowering, switch, switched)
+    monkeypatch.setattr(lowering, "GROUP_Q8_SPLIT", 0 if switched else 1)
     settings = {"none": PREFILL_OFF, "shipped": {}, "all": PREFILL_SWITCHES}[prefill]
     for switch, value in settings.items():
         monkeypatch.setattr(lowering, switch, value)
@@ -598,7 +604,9 @@ def test_a_tiny_model_prefill_and_decode_are_bit_exact_in_the_emulator(
     assert report.identical_share == 1.0 and report.tokens_agree == 3
     attention = "attention_tiles" if tiles else "attention_rows_gqa"
     kernels = ["gemm_mma", attention, "gemv_q_multi", "attention_chunks"]
-    kernels += ["gemv_q_norm", "gemv_q_wide", "gemv_q_q8_group"] * switched
+    # (GROUP_Q8_SPLIT = 0: a group a cluster, the groups outnumbering the emulator's one
+    # multiprocessor)
+    kernels += ["gemv_q_norm", "gemv_q_wide", "gemv_q_q8_split"] * switched
     kernels += ["attention_quarters"] * (switched and bool(heads))
     kernels += ["gemm_mma_multi"] * (prefill != "none") + ["rms_norm_warps"] * (prefill == "all")
     for kernel in kernels:

@@ -133,7 +133,13 @@ GROUP_Q8_RPW = 0
 # matmul.cu's gemv_q_q8_split: the cluster's last block quantizes the group after the cluster's
 # barrier), so the groups spread over more multiprocessors, and more evenly: Qwen's 152 groups
 # a block each leave 20 of 132 multiprocessors two (Nsight Compute, twenty-third session: each
-# multiprocessor busy for about half the launch), SmolLM2's 48 use 48. 1: a block a group
+# multiprocessor busy for about half the launch). 0: 4 where the groups outnumber the
+# multiprocessors, else 1 (a block a group); 1, 2, 4 or 8 force it. H100, twenty-fourth
+# session, replayed decode step at depth 100, ms, two rounds: Qwen 0.704 / 0.704 -> 0.692 /
+# 0.696 at 2, 0.689 / 0.690 at 4 (bench_gpu: decode 1,473.8 -> 1,508.2 tok/s at depth 0,
+# 1,144.8 -> 1,167.6 at 4,096); SmolLM2 (48 groups) 0.584 / 0.586 -> 0.586 / 0.590 at 2,
+# 0.601 / 0.603 at 4 (docs/perf.md). The kit's cases bit-exact at 2 and 4 on the GPU; 1 until
+# the twins' decode steps have been compared with 0 there
 GROUP_Q8_SPLIT = 1
 GROUP_Q8_SHARED = 48 << 10  # ... its copies of the group's rows in static shared memory
 FLOAT_WEIGHTS = (DType.F32, DType.F16, DType.BF16)
@@ -441,13 +447,17 @@ def group_q8_rpw(blocks: int, multiprocessors: int, split: int = 1) -> int:
     return 1 if blocks <= multiprocessors else 2
 
 
-def group_q8_split(clusters: bool) -> int:
-    """Blocks a 32-row group of gemv_q_q8_group (GROUP_Q8_SPLIT), 1 where the GPU has no
-    clusters."""
-    if GROUP_Q8_SPLIT not in (1, 2, 4, 8):  # (8: the largest cluster every sm_90 part takes)
+def group_q8_split(clusters: bool, groups: int, multiprocessors: int) -> int:
+    """Blocks a 32-row group of a launch of ``groups`` groups (GROUP_Q8_SPLIT), 1 where the
+    GPU has no clusters."""
+    if GROUP_Q8_SPLIT not in (0, 1, 2, 4, 8):  # (8: the largest cluster every sm_90 part takes)
         raise BackendError(f"GROUP_Q8_SPLIT = {GROUP_Q8_SPLIT}: blocks a group of 32 rows must "
-                           "be 1, 2, 4 or 8")  # fmt: skip
-    return GROUP_Q8_SPLIT if clusters else 1
+                           "be 1, 2, 4 or 8, or 0 (chosen by the launch)")  # fmt: skip
+    if not clusters:
+        return 1
+    if GROUP_Q8_SPLIT == 0:
+        return 4 if groups > multiprocessors else 1
+    return GROUP_Q8_SPLIT
 
 
 def gemv_warps_per_row(dtype: DType, k: int) -> int:
@@ -1310,7 +1320,7 @@ class Lowering:
             group = None if q8 is None else group_q8_loads(w.dtype, t, k, w2 is not None)
             if group is not None and n % 32 == 0:  # a block a group of 32 rows: no tickets
                 per, copy = group
-                split = group_q8_split(self.clusters)
+                split = group_q8_split(self.clusters, n // 32, self.multiprocessors)
                 blocks = n // 32 * split
                 rpw = group_q8_rpw(blocks, self.multiprocessors, split)
                 kind = f"{w.dtype.value}, {epi}, {rpw}, {per}, {copy}"
