@@ -445,8 +445,9 @@ def test_gate_up_a_group_a_cluster_is_bit_exact_in_the_emulator(case, split, rpw
     """GROUP_Q8_SPLIT: a 32-row group a cluster of 2 to 8 blocks (gemv_q_q8_split), each its
     32 / split rows at 1 to 4 rows a warp, the cluster's last block quantizing the group from
     y: bit for bit. (The emulator runs the blocks in order, so the last block of a cluster
-    runs after the others: the cluster barrier is a GPU's to check, verify's
-    conformance_split.)"""
+    runs after the others, and its arrival at the cluster's barrier is its block's barrier: a
+    kernel that quantizes before its own block's rows are in fails here; the order across
+    blocks is a GPU's to check, verify's conformance_split2 and conformance_split4.)"""
     launched = [n for n, _ in _judge_with(case, monkeypatch, GROUP_Q8=True, GLU_IN_PRODUCT=True,
                                           GROUP_Q8_SPLIT=split, GROUP_Q8_RPW=rpw)]  # fmt: skip
     split_launches = [n for n in launched if n.startswith("gemv_q_q8_split<")]
